@@ -1,0 +1,30 @@
+# Two entry points for a new user: `make run` and `make test` (see README.md).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test install clean bench tightness
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned to the CPU build on disk; a bare `torch` would pull CUDA wheels.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[data,test]'
+	# auto_LiRPA 0.3 declares torch<1.13: install it without its metadata deps.
+	$(PY) -m pip install -q --no-deps auto-lirpa==0.3
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/softcert tightness --out docs
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 tests
+
+bench: $(STAMP)
+	$(VENV)/bin/softcert bench --out docs
+
+clean:
+	rm -rf $(VENV) build *.egg-info

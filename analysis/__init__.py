@@ -1,0 +1,1 @@
+"""Analyses built on softcert's bounds: experiments, radii, top-k, floating point, stability."""

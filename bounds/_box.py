@@ -1,0 +1,81 @@
+"""Input validation for score boxes: one place that turns user input into float64 tensors.
+
+Every public bound takes (c, lower, upper) or (lower, upper). Bad input raises a ValueError
+that names the argument; it never reaches the arithmetic, so it never yields a certificate.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+NEG_INF = float("-inf")
+
+
+def as_float64(x, name: str) -> torch.Tensor:
+    """Convert array-like ``x`` to a float64 tensor (exact for float32 input)."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(x))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name}: cannot be read as a numeric array ({exc})") from None
+    if t.is_complex():
+        raise ValueError(f"{name}: complex values are not supported")
+    if t.dtype == torch.bool:
+        raise ValueError(f"{name}: boolean arrays are not scores")
+    t = t.to(device="cpu", dtype=torch.float64)
+    if t.dim() == 0:
+        raise ValueError(f"{name}: expected at least one dimension (the score axis), got a scalar")
+    if torch.isnan(t).any():
+        raise ValueError(f"{name}: contains NaN")
+    return t
+
+
+def score_box(lower, upper, *, allow_masked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a score box ``lower <= s <= upper`` over the last axis.
+
+    -inf in ``upper`` marks a masked entry (it then must be -inf in ``lower`` as well and takes
+    no mass); -inf in ``lower`` alone means the entry's mass can approach 0. +inf is rejected.
+    """
+    lo = as_float64(lower, "lower")
+    hi = as_float64(upper, "upper")
+    for t, name in ((lo, "lower"), (hi, "upper")):
+        if torch.isposinf(t).any():
+            raise ValueError(f"{name}: contains +inf (scores must be finite above)")
+    try:
+        lo, hi = torch.broadcast_tensors(lo, hi)
+    except RuntimeError:
+        raise ValueError(
+            f"lower and upper: shapes {tuple(lo.shape)} and {tuple(hi.shape)} do not broadcast"
+        ) from None
+    if lo.shape[-1] == 0:
+        raise ValueError("lower/upper: the score axis (last dimension) is empty")
+    bad = lo > hi
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"lower > upper at index {idx}: lower={lo[idx].item()!r}, upper={hi[idx].item()!r}"
+        )
+    masked = torch.isneginf(hi)
+    if masked.all(dim=-1).any():
+        raise ValueError("upper: a row has every entry masked (-inf); softmax is undefined there")
+    if not allow_masked and (torch.isinf(lo).any() or masked.any()):
+        raise ValueError("lower/upper: this method needs a finite box (no -inf entries)")
+    return lo, hi
+
+
+def coefficient_box(c, lower, upper, *, allow_masked: bool = True):
+    """Validate (c, lower, upper) and broadcast them to one shape (..., n)."""
+    cc = as_float64(c, "c")
+    if torch.isinf(cc).any():
+        raise ValueError("c: contains +-inf (coefficients must be finite)")
+    lo, hi = score_box(lower, upper, allow_masked=allow_masked)
+    try:
+        shape = torch.broadcast_shapes(cc.shape, lo.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"c: shape {tuple(cc.shape)} does not broadcast with the box shape {tuple(lo.shape)}"
+        ) from None
+    return (cc.expand(shape).contiguous(), lo.expand(shape).contiguous(),
+            hi.expand(shape).contiguous())

@@ -1,0 +1,176 @@
+"""Vertex-Softmax: the exact optimum of c·softmax(s) over a score box, rounded outward.
+
+max_{l <= s <= u} c·softmax(s). With y = exp(s) in [a, b] = [e^l, e^u] the objective c·y/1·y
+is linear-fractional, so the optimum sits at a vertex of the box; at the optimal value λ*
+every y_i with c_i > λ* is at b_i and every y_i with c_i < λ* at a_i (threshold theorem).
+Sorting c descending, the candidates V_t put the t largest coefficients at their upper
+bound, t = 0..n; the maximum is max_t V_t, found with prefix/suffix sums in O(n log n).
+The minimum is -max with -c. Source: the Vertex-Softmax abstract (shared/seeds) and
+DESIGN.md §1, where the threshold theorem is checked.
+
+Soundness: the float sweep only *proposes* a value V. The returned upper bound λ >= V is
+*proved* by the linear certificate g(λ) = Σ_i max((c_i - λ) a_i, (c_i - λ) b_i) <= 0 (which
+says c·y <= λ·1·y on the whole box), evaluated with a rigorous error bound in the model of
+``bounds.rounding``. So the bound never lies on the wrong side of the real optimum.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from bounds._box import coefficient_box
+from bounds.rounding import EXP_REL, TINY, U64, gamma
+
+ASSUMPTIONS = (
+    "real-arithmetic optimum over the box lower <= s <= upper; float64 with outward rounding; "
+    f"exp accurate to {EXP_REL / (2 * U64):.0f} ulp; -inf in upper = masked entry"
+)
+
+
+@dataclass(frozen=True)
+class VertexBounds:
+    """Enclosure lower <= min c·softmax(s) and max c·softmax(s) <= upper over a score box.
+
+    ``lower_vertex`` / ``upper_vertex`` are scores s (entries at their lower or upper bound)
+    whose objective value attains the optimum up to rounding.
+    """
+
+    lower: torch.Tensor
+    upper: torch.Tensor
+    lower_vertex: torch.Tensor
+    upper_vertex: torch.Tensor
+    method: str = "vertex-softmax"
+    assumptions: str = field(default=ASSUMPTIONS, repr=False)
+
+
+def vertex_softmax(c, lower, upper, *, backend: str = "torch") -> VertexBounds:
+    """Exact bounds of c·softmax(s) over lower <= s <= upper (last axis; leading axes batch).
+
+    Inputs broadcast like torch; float32 or float64 in, float64 out. ``backend`` chooses the
+    solver of the sweep ("torch" or "numba"); both feed the same certification step, so they
+    return identical numbers whenever they select the same vertex.
+    """
+    c, lo, hi = coefficient_box(c, lower, upper)
+    batch_shape = c.shape[:-1]
+    n = c.shape[-1]
+    c2, lo2, hi2 = (t.reshape(-1, n) for t in (c, lo, hi))
+    up, up_mask = _max_with_vertex(c2, lo2, hi2, backend)
+    neg_lo, lo_mask = _max_with_vertex(-c2, lo2, hi2, backend)
+    return VertexBounds(
+        lower=(-neg_lo).reshape(batch_shape),
+        upper=up.reshape(batch_shape),
+        lower_vertex=torch.where(lo_mask, hi2, lo2).reshape(c.shape),
+        upper_vertex=torch.where(up_mask, hi2, lo2).reshape(c.shape),
+    )
+
+
+def _max_with_vertex(c, lo, hi, backend):
+    if backend == "torch":
+        at_upper = threshold_sweep(c, lo, hi)
+    elif backend == "numba":
+        from kernels.vertex import threshold_sweep_numba
+
+        at_upper = threshold_sweep_numba(c, lo, hi)
+    else:
+        raise ValueError(f"backend: expected 'torch' or 'numba', got {backend!r}")
+    value = vertex_value(c, lo, hi, at_upper)
+    return certify_upper(c, lo, hi, value), at_upper
+
+
+def threshold_sweep(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Rows (B, n) -> boolean (B, n): the maximising vertex (True = entry at its upper bound).
+
+    Candidates t = 0..n over c sorted descending, evaluated in log space with prefix and
+    suffix log-sum-exps, so no candidate underflows even when every weight is far below
+    the row maximum.
+    """
+    B, n = c.shape
+    order = torch.argsort(c, dim=-1, descending=True, stable=True)
+    cs, ls, us = (t.gather(-1, order) for t in (c, lo, hi))
+    shift = us.amax(dim=-1, keepdim=True)  # finite: validation rejects fully masked rows
+    us, ls = us - shift, ls - shift
+    log_pos = cs.clamp(min=0).log()
+    log_neg = (-cs).clamp(min=0).log()
+    ninf = torch.full((B, 1), float("-inf"), dtype=c.dtype)
+
+    def candidates(log_up, log_low):
+        # log Σ_{i<t} e^{log_up_i} + Σ_{i>=t} e^{log_low_i}, for t = 0..n
+        prefix = torch.cat([ninf, torch.logcumsumexp(log_up, dim=-1)], dim=-1)
+        suffix = torch.cat([torch.logcumsumexp(log_low.flip(-1), dim=-1).flip(-1), ninf], -1)
+        return torch.logaddexp(prefix, suffix)
+
+    log_d = candidates(us, ls)
+    value = (candidates(us + log_pos, ls + log_pos) - log_d).exp() - (
+        candidates(us + log_neg, ls + log_neg) - log_d
+    ).exp()
+    value = torch.where(torch.isfinite(log_d), value, torch.full_like(value, float("-inf")))
+    best = value.argmax(dim=-1, keepdim=True)
+    sorted_mask = torch.arange(n).expand(B, n) < best
+    return torch.zeros_like(sorted_mask).scatter(-1, order, sorted_mask)
+
+
+def vertex_value(c, lo, hi, at_upper) -> torch.Tensor:
+    """c·softmax(s) at the vertex s = where(at_upper, hi, lo), shifted by its largest score."""
+    s = torch.where(at_upper, hi, lo)
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = (s - m).exp()
+    total = w.sum(-1)
+    # a vertex with no mass (all chosen scores -inf) is never optimal; fall back to max c
+    cmax = torch.where(torch.isneginf(hi), torch.full_like(c, float("-inf")), c).amax(-1)
+    return torch.where(total > 0, (c * w).sum(-1) / total, cmax)
+
+
+def certificate_gap(c, lo, hi, lam):
+    """Rigorous float evaluation of g(λ) = Σ_i max((c_i - λ) a_i, (c_i - λ) b_i).
+
+    Returns (G, err, D) per row, all scaled by e^{-M} (M the largest chosen score), with
+    |G - g e^{-M}| <= err and D = Σ chosen weights. g(λ) <= 0 is proved when G <= -err.
+    """
+    active = ~torch.isneginf(hi)
+    d = c - lam.unsqueeze(-1)  # the sign of a float difference is exact
+    chosen = torch.where(d > 0, hi, lo)
+    chosen = torch.where(active, chosen, torch.full_like(chosen, float("-inf")))
+    m = chosen.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    x = chosen - m
+    w = x.exp()
+    terms = d * w
+    absx = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))
+    # per term: exp error, the rounding of x (amplified by |x|), of d and of the product
+    rel = EXP_REL + 4 * U64 + 1.01 * U64 * absx
+    n = c.shape[-1]
+    abs_terms = terms.abs()
+    err = 1.01 * (
+        (abs_terms * rel).sum(-1) + gamma(n + 1) * abs_terms.sum(-1) * (1 + rel.amax(-1))
+    ) + d.abs().sum(-1) * TINY
+    return terms.sum(-1), err, w.sum(-1)
+
+
+def certify_upper(c, lo, hi, value, max_rounds: int = 64) -> torch.Tensor:
+    """Smallest proved upper bound λ >= value (up to a rounding margin) on max c·softmax(s).
+
+    Starts from the float optimum and widens only the rows whose certificate fails. A row
+    that still fails after ``max_rounds`` gets max_i c_i, trivially sound.
+    """
+    active = ~torch.isneginf(hi)
+    cmax = torch.where(active, c, torch.full_like(c, float("-inf"))).amax(-1)
+    scale = torch.where(active, c.abs(), torch.zeros_like(c)).amax(-1)
+    g, err, dsum = certificate_gap(c, lo, hi, value)
+    step = (g.clamp(min=0) + 2 * err) / dsum.clamp(min=TINY) + 2 * U64 * value.abs()
+    step = step + TINY * (1 + scale)
+    bound = value.clone()
+    proved = torch.zeros_like(value, dtype=torch.bool)
+    for _ in range(max_rounds):
+        trial = torch.maximum(value + step, torch.nextafter(value, torch.full_like(value, 1e308)))
+        g, err, _ = certificate_gap(c, lo, hi, trial)
+        ok = (g <= -err) & ~proved
+        bound = torch.where(ok, trial, bound)
+        proved |= ok
+        if proved.all():
+            break
+        step = torch.where(proved, step, 4 * step)
+    bound = torch.where(proved, bound, cmax)
+    # max_i c_i is itself an upper bound (softmax is a convex combination): keep the smaller
+    return torch.minimum(bound, cmax)

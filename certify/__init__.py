@@ -1,0 +1,1 @@
+"""Certification of attention models (CROWN-style, with Vertex-Softmax inside)."""

@@ -1,0 +1,52 @@
+"""Shared fixtures and oracles for the test suite."""
+from __future__ import annotations
+
+import itertools
+import os
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from hypothesis import settings
+
+# Property tests: deterministic in CI, bounded in time.
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
+
+
+def brute_force_extrema(c, lower, upper, dps: int = 50):
+    """(min, max) of c·softmax(s) over all 2^n vertices of the box, in mpmath at ``dps`` digits.
+
+    The exact optimum is attained at a vertex (linear-fractional objective in y = e^s), so
+    this is the true optimum up to 10^-dps. Masked entries (upper = -inf) take no mass.
+    """
+    with mpmath.workdps(dps):
+        c = [mpmath.mpf(float(x)) for x in c]
+        ends = [
+            (mpmath.exp(mpmath.mpf(float(lo))), mpmath.exp(mpmath.mpf(float(hi))))
+            for lo, hi in zip(lower, upper)
+        ]
+        best, worst = -mpmath.inf, mpmath.inf
+        for choice in itertools.product((0, 1), repeat=len(c)):
+            y = [ends[i][k] for i, k in enumerate(choice)]
+            total = mpmath.fsum(y)
+            if total == 0:
+                continue
+            f = mpmath.fsum(ci * yi for ci, yi in zip(c, y)) / total
+            best, worst = max(best, f), min(worst, f)
+        return worst, best
+
+
+def mp_softmax_value(c, s, dps: int = 50):
+    """c·softmax(s) in mpmath at ``dps`` digits."""
+    with mpmath.workdps(dps):
+        y = [mpmath.exp(mpmath.mpf(float(x))) for x in s]
+        return mpmath.fsum(mpmath.mpf(float(ci)) * yi for ci, yi in zip(c, y)) / mpmath.fsum(y)
