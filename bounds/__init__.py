@@ -1,4 +1,26 @@
-"""Sound enclosures of softmax over score boxes: the primitives of softcert."""
+"""Sound enclosures of softmax over score boxes: the primitives of softcert.
+
+- ``vertex_softmax``: exact min/max of c·softmax(s) over lower <= s <= upper, outward rounded.
+- ``softmax_interval``: tight elementwise bounds of softmax(s) over the box.
+- ``check_certificate``: exact rational re-check of a bound.
+- baselines for comparison: ``naive_interval``, ``shi2020``, ``wei2023_lse``, ``wei2023_er``.
+"""
+from bounds.baselines import BASELINES, BoxBounds, naive_interval, shi2020, wei2023_er, wei2023_lse
+from bounds.certificate import CertificateCheck, check_certificate
+from bounds.interval import SoftmaxInterval, softmax_interval
 from bounds.vertex import VertexBounds, vertex_softmax
 
-__all__ = ["VertexBounds", "vertex_softmax"]
+__all__ = [
+    "BASELINES",
+    "BoxBounds",
+    "CertificateCheck",
+    "SoftmaxInterval",
+    "VertexBounds",
+    "check_certificate",
+    "naive_interval",
+    "shi2020",
+    "softmax_interval",
+    "vertex_softmax",
+    "wei2023_er",
+    "wei2023_lse",
+]

@@ -44,36 +44,38 @@ class VertexBounds:
     assumptions: str = field(default=ASSUMPTIONS, repr=False)
 
 
-def vertex_softmax(c, lower, upper, *, backend: str = "torch") -> VertexBounds:
+def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     """Exact bounds of c·softmax(s) over lower <= s <= upper (last axis; leading axes batch).
 
-    Inputs broadcast like torch; float32 or float64 in, float64 out. ``backend`` chooses the
-    solver of the sweep ("torch" or "numba"); both feed the same certification step, so they
-    return identical numbers whenever they select the same vertex.
+    Inputs broadcast like torch; float32 or float64 in, float64 out. ``backend``: "torch"
+    (vectorised reference), "numba" (``kernels.vertex``, parallel over rows) or "auto"
+    (numba). Both certify their bound with the same error model; they pick the same vertex
+    and agree to within that rounding margin (tests/test_kernels_vertex.py).
     """
     c, lo, hi = coefficient_box(c, lower, upper)
     batch_shape = c.shape[:-1]
     n = c.shape[-1]
     c2, lo2, hi2 = (t.reshape(-1, n) for t in (c, lo, hi))
-    up, up_mask = _max_with_vertex(c2, lo2, hi2, backend)
-    neg_lo, lo_mask = _max_with_vertex(-c2, lo2, hi2, backend)
+    if backend in ("numba", "auto"):
+        from kernels.vertex import vertex_bounds
+
+        low, up, lo_mask, up_mask = vertex_bounds(c2, lo2, hi2)
+    elif backend == "torch":
+        up, up_mask = _max_with_vertex(c2, lo2, hi2)
+        neg_low, lo_mask = _max_with_vertex(-c2, lo2, hi2)
+        low = -neg_low
+    else:
+        raise ValueError(f"backend: expected 'auto', 'torch' or 'numba', got {backend!r}")
     return VertexBounds(
-        lower=(-neg_lo).reshape(batch_shape),
+        lower=low.reshape(batch_shape),
         upper=up.reshape(batch_shape),
         lower_vertex=torch.where(lo_mask, hi2, lo2).reshape(c.shape),
         upper_vertex=torch.where(up_mask, hi2, lo2).reshape(c.shape),
     )
 
 
-def _max_with_vertex(c, lo, hi, backend):
-    if backend == "torch":
-        at_upper = threshold_sweep(c, lo, hi)
-    elif backend == "numba":
-        from kernels.vertex import threshold_sweep_numba
-
-        at_upper = threshold_sweep_numba(c, lo, hi)
-    else:
-        raise ValueError(f"backend: expected 'torch' or 'numba', got {backend!r}")
+def _max_with_vertex(c, lo, hi):
+    at_upper = threshold_sweep(c, lo, hi)
     value = vertex_value(c, lo, hi, at_upper)
     return certify_upper(c, lo, hi, value), at_upper
 

@@ -1,0 +1,265 @@
+"""Numba kernel for batched Vertex-Softmax: one sort, two sweeps, two certificates per row.
+
+Same mathematics and error model as ``bounds.vertex``: the threshold theorem proposes the
+optimum, and the returned bound λ is proved by g(λ) = Σ_i max((c_i-λ)a_i, (c_i-λ)b_i) <= 0
+evaluated with a rigorous rounding-error bound (``bounds.rounding``). The minimum is the
+maximum for -c, whose descending order is the reverse of c's, so one sort serves both.
+Rows run in parallel; no fastmath (it would void the error model).
+
+Fast path: weights a = e^{l-M}, b = e^{u-M}, M the row's largest upper score, computed once
+and reused by both sweeps and every certificate round. Rows where a weight would leave the
+normal float range (scores spread over more than ~690) take the robust path: online
+(max, sum) scans and per-vertex shifts, which never underflow.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import get_num_threads, njit, prange
+
+U = 2.0 ** -53
+EXP_REL = 4 * U  # equals bounds.rounding.EXP_REL (tested)
+TINY = 2.0 ** -1060
+NORMAL_FLOOR = 2.0 ** -1000
+NEG_INF = -np.inf
+
+
+@njit(cache=True)
+def _gamma(n):
+    nu = n * U
+    return nu / (1.0 - nu)
+
+
+@njit(cache=True)
+def _gap(sign, c, lo, hi, a, b, xa, xb, lam, shifted):
+    """(G, err, D) of the certificate for max of (sign·c)·softmax at λ.
+
+    With ``shifted`` the weights are recomputed relative to the vertex's largest score
+    (robust path); otherwise the precomputed a, b (and their |log| xa, xb) are used.
+    """
+    n = c.shape[0]
+    m = 0.0
+    if shifted:
+        m = NEG_INF
+        for i in range(n):
+            if hi[i] != NEG_INF:
+                s = hi[i] if sign * c[i] - lam > 0 else lo[i]
+                m = max(m, s)
+        if m == NEG_INF:
+            m = 0.0
+    g = 0.0
+    abs_sum = 0.0
+    rel_sum = 0.0
+    rel_max = 0.0
+    d_sum = 0.0
+    w_sum = 0.0
+    for i in range(n):
+        if hi[i] == NEG_INF:
+            continue
+        d = sign * c[i] - lam
+        d_sum += abs(d)
+        if shifted:
+            s = hi[i] if d > 0 else lo[i]
+            if s == NEG_INF:
+                continue
+            x = abs(s - m)
+            w = math.exp(s - m)
+        elif d > 0:
+            w, x = b[i], xb[i]
+        else:
+            w, x = a[i], xa[i]
+        t = d * w
+        rel = EXP_REL + 4 * U + 1.01 * U * x
+        g += t
+        abs_sum += abs(t)
+        rel_sum += abs(t) * rel
+        rel_max = max(rel_max, rel)
+        w_sum += w
+    err = 1.01 * (rel_sum + _gamma(n + 1) * abs_sum * (1 + rel_max)) + d_sum * TINY
+    return g, err, w_sum
+
+
+@njit(cache=True)
+def _certify(sign, c, lo, hi, a, b, xa, xb, value, shifted, cmax, scale):
+    """Smallest proved λ >= value (see bounds.vertex.certify_upper)."""
+    g, err, dsum = _gap(sign, c, lo, hi, a, b, xa, xb, value, shifted)
+    step = (max(g, 0.0) + 2 * err) / max(dsum, TINY) + 2 * U * abs(value) + TINY * (1 + scale)
+    for _ in range(64):
+        trial = max(value + step, np.nextafter(value, np.inf))
+        g, err, _ = _gap(sign, c, lo, hi, a, b, xa, xb, trial, shifted)
+        if g <= -err:
+            return min(trial, cmax)
+        step *= 4
+    return cmax
+
+
+@njit(cache=True)
+def _online_add(m, s, nsum, x, cx):
+    if x == NEG_INF:
+        return m, s, nsum
+    if x > m:
+        r = math.exp(m - x) if m != NEG_INF else 0.0
+        return x, s * r + 1.0, nsum * r + cx
+    w = math.exp(x - m)
+    return m, s + w, nsum + cx * w
+
+
+@njit(cache=True)
+def _sweep_robust(sign, c, lo, hi, order, sm, ss, sn):
+    """Best candidate t (over sign·c descending) by online (max, sum) scans."""
+    n = c.shape[0]
+    m, s, nsum = NEG_INF, 0.0, 0.0
+    sm[n], ss[n], sn[n] = m, s, nsum
+    for t in range(n - 1, -1, -1):
+        i = order[t] if sign > 0 else order[n - 1 - t]
+        m, s, nsum = _online_add(m, s, nsum, lo[i], sign * c[i])
+        sm[t], ss[t], sn[t] = m, s, nsum
+    best, best_t = NEG_INF, 0
+    m, s, nsum = NEG_INF, 0.0, 0.0
+    for t in range(n + 1):
+        top = max(m, sm[t])
+        if top != NEG_INF:
+            fp = math.exp(m - top) if m != NEG_INF else 0.0
+            fs = math.exp(sm[t] - top) if sm[t] != NEG_INF else 0.0
+            den = s * fp + ss[t] * fs
+            if den > 0:
+                v = (nsum * fp + sn[t] * fs) / den
+                if v > best:
+                    best, best_t = v, t
+        if t < n:
+            i = order[t] if sign > 0 else order[n - 1 - t]
+            m, s, nsum = _online_add(m, s, nsum, hi[i], sign * c[i])
+    return best_t
+
+
+@njit(cache=True)
+def _sweep_fast(sign, c, a, b, order, sa, sca):
+    """Best candidate t over sign·c descending, with the precomputed weights."""
+    n = c.shape[0]
+    sa[n] = 0.0
+    sca[n] = 0.0
+    for t in range(n - 1, -1, -1):
+        i = order[t] if sign > 0 else order[n - 1 - t]
+        sa[t] = sa[t + 1] + a[i]
+        sca[t] = sca[t + 1] + sign * c[i] * a[i]
+    best, best_t = NEG_INF, 0
+    pb, pcb = 0.0, 0.0
+    for t in range(n + 1):
+        den = pb + sa[t]
+        if den > 0:
+            v = (pcb + sca[t]) / den
+            if v > best:
+                best, best_t = v, t
+        if t < n:
+            i = order[t] if sign > 0 else order[n - 1 - t]
+            pb += b[i]
+            pcb += sign * c[i] * b[i]
+    return best_t
+
+
+@njit(cache=True)
+def _solve(sign, c, lo, hi, a, b, xa, xb, order, robust, cmax, scale, mask_out, w1, w2, w3):
+    """Certified max of (sign·c)·softmax(s) for one row; the vertex goes to mask_out."""
+    n = c.shape[0]
+    if robust:
+        best_t = _sweep_robust(sign, c, lo, hi, order, w1, w2, w3)
+    else:
+        best_t = _sweep_fast(sign, c, a, b, order, w1, w2)
+    for t in range(n):
+        i = order[t] if sign > 0 else order[n - 1 - t]
+        mask_out[i] = t < best_t
+    if not robust:
+        # value at the chosen vertex with the shared weights (all in the normal range)
+        num, den = 0.0, 0.0
+        for i in range(n):
+            w = b[i] if mask_out[i] else a[i]
+            num += sign * c[i] * w
+            den += w
+        if den > 0:
+            return _certify(sign, c, lo, hi, a, b, xa, xb, num / den, robust, cmax, scale)
+    # value at the chosen vertex, shifted by its largest score
+    vm = NEG_INF
+    for i in range(n):
+        if hi[i] != NEG_INF:
+            vm = max(vm, hi[i] if mask_out[i] else lo[i])
+    if vm == NEG_INF:
+        return cmax
+    num, den = 0.0, 0.0
+    for i in range(n):
+        if hi[i] != NEG_INF:
+            s = hi[i] if mask_out[i] else lo[i]
+            if s != NEG_INF:
+                w = math.exp(s - vm)
+                num += sign * c[i] * w
+                den += w
+    return _certify(sign, c, lo, hi, a, b, xa, xb, num / den, robust, cmax, scale)
+
+
+@njit(cache=True)
+def _argsort_desc(c, order):
+    """Indices of c in descending order; insertion sort for short rows (no allocation)."""
+    n = c.shape[0]
+    if n > 32:
+        order[:] = np.argsort(-c)
+        return
+    for i in range(n):
+        j = i
+        while j > 0 and c[order[j - 1]] < c[i]:
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = i
+
+
+@njit(cache=True, parallel=True)
+def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks):
+    """Certified (min, max) of c·softmax(s) per row of (R, n) float64 arrays."""
+    rows, n = c.shape
+    for k in prange(chunks):
+        order = np.empty(n, dtype=np.int64)
+        a = np.empty(n)
+        b = np.empty(n)
+        xa = np.empty(n)
+        xb = np.empty(n)
+        w1 = np.empty(n + 1)
+        w2 = np.empty(n + 1)
+        w3 = np.empty(n + 1)
+        for r in range(k * rows // chunks, (k + 1) * rows // chunks):
+            cr, lr, hr = c[r], lo[r], hi[r]
+            top = NEG_INF
+            cmax, cmin, scale = NEG_INF, np.inf, 0.0
+            for i in range(n):
+                if hr[i] != NEG_INF:
+                    top = max(top, hr[i])
+                    cmax = max(cmax, cr[i])
+                    cmin = min(cmin, cr[i])
+                    scale = max(scale, abs(cr[i]))
+            robust = False
+            for i in range(n):
+                xb[i] = top - hr[i]
+                xa[i] = top - lr[i]
+                b[i] = math.exp(-xb[i]) if hr[i] != NEG_INF else 0.0
+                a[i] = math.exp(-xa[i]) if lr[i] != NEG_INF else 0.0
+                if (hr[i] != NEG_INF and b[i] < NORMAL_FLOOR) or (
+                    lr[i] != NEG_INF and a[i] < NORMAL_FLOOR
+                ):
+                    robust = True
+            _argsort_desc(cr, order)
+            upper[r] = _solve(1.0, cr, lr, hr, a, b, xa, xb, order, robust, cmax, scale,
+                              up_mask[r], w1, w2, w3)
+            lower[r] = -_solve(-1.0, cr, lr, hr, a, b, xa, xb, order, robust, -cmin, scale,
+                               lo_mask[r], w1, w2, w3)
+
+
+def vertex_bounds(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+    """(R, n) float64 tensors -> (lower (R,), upper (R,), lower mask, upper mask)."""
+    cn, ln, hn = (np.ascontiguousarray(t.numpy()) for t in (c, lo, hi))
+    rows = cn.shape[0]
+    upper, lower = np.empty(rows), np.empty(rows)
+    up_mask = np.zeros(cn.shape, dtype=np.bool_)
+    lo_mask = np.zeros(cn.shape, dtype=np.bool_)
+    chunks = max(1, min(rows, 8 * get_num_threads()))
+    vertex_rows(cn, ln, hn, upper, lower, up_mask, lo_mask, chunks)
+    return (torch.from_numpy(lower), torch.from_numpy(upper),
+            torch.from_numpy(lo_mask), torch.from_numpy(up_mask))
