@@ -237,8 +237,9 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks):
                     scale = max(scale, abs(cr[i]))
             robust = False
             for i in range(n):
-                xb[i] = top - hr[i]
-                xa[i] = top - lr[i]
+                # an infinite exponent gives an exact zero weight: no error term (x = 0)
+                xb[i] = top - hr[i] if hr[i] != NEG_INF else 0.0
+                xa[i] = top - lr[i] if lr[i] != NEG_INF else 0.0
                 b[i] = math.exp(-xb[i]) if hr[i] != NEG_INF else 0.0
                 a[i] = math.exp(-xa[i]) if lr[i] != NEG_INF else 0.0
                 if (hr[i] != NEG_INF and b[i] < NORMAL_FLOOR) or (

@@ -15,6 +15,8 @@ settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 torch.set_num_threads(1)
+# oracle comparisons (mpf +- slack) must not round back to 53 bits
+mpmath.mp.dps = 50
 
 
 @pytest.fixture
