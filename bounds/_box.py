@@ -17,7 +17,7 @@ def as_float64(x, name: str) -> torch.Tensor:
         t = x.detach()
     else:
         try:
-            t = torch.as_tensor(np.asarray(x))
+            t = torch.as_tensor(np.ascontiguousarray(x))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{name}: cannot be read as a numeric array ({exc})") from None
     if t.is_complex():

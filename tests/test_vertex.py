@@ -201,3 +201,40 @@ def test_bad_input_names_the_argument(args, match):
 def test_unknown_backend():
     with pytest.raises(ValueError, match="backend"):
         bounds.vertex_softmax([1.0], [0.0], [1.0], backend="cuda")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ten_thousand_samples_stay_inside(backend):
+    rng = np.random.default_rng(21)
+    n = 32
+    c = torch.tensor(rng.normal(size=n))
+    lo = torch.tensor(rng.normal(size=n) * 2)
+    hi = lo + torch.tensor(rng.random(size=n))
+    res = bounds.vertex_softmax(c, lo, hi, backend=backend)
+    s = lo + (hi - lo) * torch.rand(10_000, n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    s = torch.cat([s, res.upper_vertex[None], res.lower_vertex[None]])
+    f = torch.softmax(s, -1) @ c
+    # float64 evaluation of a sample is itself off by at most ~n u |c|max
+    slack = 64 * n * 2.0**-53 * c.abs().max()
+    assert (f <= res.upper + slack).all() and (f >= res.lower - slack).all()
+    # and the bound is attained: the vertices come within the same slack
+    assert f.max() >= res.upper - slack and f.min() <= res.lower + slack
+
+
+def test_candidate_values_are_unimodal():
+    """The threshold theorem's sequence V_t (t = number of top coefficients at upper) is unimodal."""
+    rng = np.random.default_rng(8)
+    for _ in range(50):
+        n = 10
+        c = np.sort(rng.normal(size=n))[::-1]
+        lo = rng.normal(size=n)
+        hi = lo + rng.random(size=n) * 3
+        a, b = np.exp(lo), np.exp(hi)
+        v = []
+        for t in range(n + 1):
+            y = np.concatenate([b[:t], a[t:]])
+            v.append(float((c * y).sum() / y.sum()))
+        peak = int(np.argmax(v))
+        assert all(v[i] <= v[i + 1] + 1e-12 for i in range(peak))
+        assert all(v[i] >= v[i + 1] - 1e-12 for i in range(peak, n))
+        assert bounds.vertex_softmax(c, lo, hi).upper.item() >= max(v)

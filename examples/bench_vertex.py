@@ -1,0 +1,12 @@
+"""Throughput of Vertex-Softmax against torch.sort of the same tensor (same run).
+
+    python examples/bench_vertex.py --out docs
+
+Same as `softcert bench`; see kernels/bench.py.
+"""
+import sys
+
+import softcert_cli
+
+if __name__ == "__main__":
+    raise SystemExit(softcert_cli.main(["bench", *sys.argv[1:]]))
