@@ -60,6 +60,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,4 @@
+"""``python -m softcert_cli`` = ``softcert``."""
+from softcert_cli import main
+
+raise SystemExit(main())
