@@ -391,12 +391,15 @@ def output_error_bound(scores, values, k) -> OutputErrorBound:
     neg = torch.full((), -math.inf, dtype=torch.float64)
     diam = torch.zeros(batch, dtype=torch.float64)
     # max_{i∈H} max_{j∈T} D_ij, chunked over flattened rows to keep memory at (chunk, n, n)
-    Dx = D.expand(batch + (n, n)).reshape(-1, n, n)
+    # row r uses D[which[r]]: index D's own batch instead of materialising the broadcast
+    vb = D.shape[:-2]
+    which = torch.arange(max(1, math.prod(vb))).reshape(vb).expand(batch).reshape(-1)
+    D2 = D.reshape(-1, n, n)
     hf, tf = head.reshape(-1, n), tail.reshape(-1, n)
     out = diam.reshape(-1)
-    step = max(1, (1 << 22) // (n * n))
+    step = max(1, (1 << 20) // (n * n))
     for a in range(0, hf.shape[0], step):
-        blk = torch.where(tf[a:a + step].unsqueeze(-2), Dx[a:a + step], neg).amax(-1)
+        blk = torch.where(tf[a:a + step].unsqueeze(-2), D2[which[a:a + step]], neg).amax(-1)
         out[a:a + step] = torch.where(hf[a:a + step], blk, neg).amax(-1).clamp(min=0.0)
     diam = out.reshape(batch)
     diameter = inflate(tau_up * diam, 0.0)
