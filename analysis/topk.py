@@ -333,7 +333,9 @@ class OutputErrorBound:
 
     exact = τ‖μ_T - μ_H‖; diameter = τ⁺·max_{i∈H,j∈T}‖v_i - v_j‖; variance =
     sqrt(τ⁺/(1-τ⁺)·Σ_i P_i‖v_i - μ̂‖²) (any centre μ̂ gives >= Var_P(V)); norm = 2τ⁺·max‖v_i‖.
-    The bounds are rounded up; ``exact`` is a float estimate of the real error.
+    The bounds are rounded up; ``exact`` is a float estimate of the real error. H is the
+    top k under a stable descending sort (equal scores: lower key index first); τ does not
+    depend on that tie-break, the error vector may.
     """
 
     exact: torch.Tensor
