@@ -8,6 +8,7 @@ from analysis.topk import (
     gap_bound,
     gaussian_k_fraction,
     gaussian_rule_check,
+    key_block_score_bounds,
     multi_gap_bound,
     output_error_bound,
     tail_mass,
@@ -15,6 +16,7 @@ from analysis.topk import (
 
 __all__ = [
     "OutputErrorBound", "TopKCertificate", "blockwise_bound", "certified_k", "certify_topk",
-    "gap_bound", "gaussian_k_fraction", "gaussian_rule_check", "multi_gap_bound",
+    "gap_bound", "gaussian_k_fraction", "gaussian_rule_check", "key_block_score_bounds",
+    "multi_gap_bound",
     "output_error_bound", "tail_mass",
 ]
