@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tightness": ("analysis.tightness", "Vertex-Softmax vs baseline bounds on synthetic score boxes"),
     "bench": ("kernels.bench", "throughput of Vertex-Softmax against torch.sort"),
     "vertex": ("bounds.cli", "bound c·softmax(s) over a score box given on the command line"),
+    "topk": ("analysis.topk_study", "certified top-k truncation on a real model's attention (MiniLM)"),
+    "topk-bench": ("kernels.bench_topk", "throughput of the top-k certificate kernels vs torch.sort"),
 }
 
 
