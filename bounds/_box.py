@@ -17,7 +17,9 @@ def as_float64(x, name: str) -> torch.Tensor:
         t = x.detach()
     else:
         try:
-            t = torch.as_tensor(np.ascontiguousarray(x))
+            arr = np.asarray(x)
+            # copy reversed/strided views (torch cannot wrap negative strides); keep 0-d as is
+            t = torch.as_tensor(np.ascontiguousarray(arr) if arr.ndim else arr)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{name}: cannot be read as a numeric array ({exc})") from None
     if t.is_complex():
