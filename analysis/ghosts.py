@@ -35,6 +35,7 @@ __all__ = [
     "radius_exact",
     "top2_estimate",
     "radius_lower_bound_batch",
+    "pi_radius_batch",
     "batch_radius",
 ]
 
@@ -382,6 +383,23 @@ def radius_lower_bound_batch(z, a, method: str = "pi"):
         u = torch.where(pos & torch.isfinite(dist), torch.maximum(dist, ucl), ucl)
     r = torch.sqrt(u * u + w * w)
     return down(torch.where(torch.isfinite(w), r, w))
+
+
+def pi_radius_batch(a):
+    """pi / Delta_a(x) per row of a (batch, classes) slope tensor, rounded down; the "pi" bound
+    needs no logits, which keeps the controller's per-step cost to a max, a min and a divide."""
+    import torch
+
+    a = torch.as_tensor(a).detach()
+    if a.ndim != 2 or a.shape[1] < 2:
+        raise ValueError(f"a must have shape (batch, classes>=2), got {tuple(a.shape)}")
+    # subtract in float64: a float32 difference could round the spread down (radius up)
+    spread = a.amax(dim=1).to(torch.float64) - a.amin(dim=1).to(torch.float64)
+    if not torch.isfinite(spread).all():
+        raise ValueError("a must be finite (no NaN/inf)")
+    w = torch.where(spread > 0, math.pi / spread, torch.full_like(spread, math.inf))
+    margin = 1.0 - 64 * a.shape[1] * U64
+    return torch.where(torch.isinf(w), w, torch.nextafter(w * margin, torch.zeros_like(w)))
 
 
 def batch_radius(z, a, method: str = "pi") -> float:

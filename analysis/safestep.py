@@ -8,7 +8,7 @@ s = min(1, r_target rho_a / ||p||) = min(1, r_target rho(p)).
 
 - :class:`SafeStepController`: pure (optax-like) ``init(params) -> state`` and
   ``update(state, logits, slopes, update_norm) -> (scale, state)``; no torch.nn involved.
-- :func:`logit_slopes`: (z, J_z p) by one forward-mode JVP (torch.func.jvp + functional_call)
+- :func:`logit_slopes`: (z, J_z p) by one forward-mode JVP (forward-AD duals + functional_call)
   at given parameters, with BatchNorm buffers copied (running stats untouched), dropout off,
   the caller's RNG state restored, and the math SDPA backend (fused kernels have no forward AD).
 - :class:`SafeStep`: a torch.optim.Optimizer that wraps any optimizer (shares its
@@ -24,9 +24,10 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
-from torch.func import functional_call, jvp
+import torch.autograd.forward_ad as fwAD
+from torch.func import functional_call
 
-from analysis.ghosts import radius_lower_bound_batch
+from analysis.ghosts import pi_radius_batch, radius_lower_bound_batch
 
 __all__ = ["SafeStepState", "SafeStepController", "logit_slopes", "SafeStep"]
 
@@ -68,9 +69,13 @@ class SafeStepController:
         update_norm = float(update_norm)
         if not (update_norm >= 0 and math.isfinite(update_norm)):
             raise ValueError(f"update_norm must be finite and >= 0, got {update_norm}")
-        z = torch.as_tensor(logits).detach().reshape(-1, torch.as_tensor(logits).shape[-1])
-        a = torch.as_tensor(slopes).detach().reshape(z.shape)
-        rho_p = float(radius_lower_bound_batch(z, a, self.method).min())
+        a = torch.as_tensor(slopes).detach()
+        a = a.reshape(-1, a.shape[-1])
+        if self.method == "pi":
+            rho_p = float(pi_radius_batch(a).min())
+        else:
+            z = torch.as_tensor(logits).detach().reshape(a.shape)
+            rho_p = float(radius_lower_bound_batch(z, a, self.method).min())
         if update_norm == 0.0 or math.isinf(rho_p):
             ratio, scale = 0.0, 1.0
             rho_a = math.inf if update_norm == 0.0 else rho_p * update_norm
@@ -115,7 +120,7 @@ def _measurement_mode(model: nn.Module):
 
 
 def logit_slopes(model: nn.Module, tangents: dict, args=(), kwargs=None, params=None, logits_fn=None):
-    """(z, a) with z the logits and a = J_z p by one forward JVP; p given per parameter name.
+    """(z, a) with z the logits and a = J_z p by one forward-mode JVP (dual numbers); p given per parameter name.
 
     ``params``: name -> tensor to evaluate at (default: the model's current parameters);
     parameters missing from ``tangents`` get a zero tangent. BatchNorm running statistics are
@@ -126,13 +131,14 @@ def logit_slopes(model: nn.Module, tangents: dict, args=(), kwargs=None, params=
     named = dict(model.named_parameters())
     primal = {k: (params[k] if params is not None and k in params else v).detach() for k, v in named.items()}
     tang = {k: (tangents[k].detach() if k in tangents else torch.zeros_like(v)) for k, v in primal.items()}
-    def f(p):
-        out = functional_call(model, p, args, kwargs, strict=False)
+    # forward-mode AD directly (torch.func.jvp computes the same, with more dispatch overhead)
+    with _measurement_mode(model), fwAD.dual_level():
+        duals = {k: fwAD.make_dual(primal[k], tang[k]) for k in primal}
+        out = functional_call(model, duals, args, kwargs, strict=False)
         out = logits_fn(out) if logits_fn is not None else out
-        return out
-
-    with _measurement_mode(model):
-        z, a = jvp(f, (primal,), (tang,))
+        z, a = fwAD.unpack_dual(out)
+        if a is None:  # the output does not depend on the parameters
+            a = torch.zeros_like(z)
     return z.detach(), a.detach()
 
 
@@ -196,14 +202,14 @@ class SafeStep(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None, inputs=None):
         params = [p for g in self.param_groups for p in g["params"]]
-        old = [p.detach().clone() for p in params]
+        old = torch._foreach_mul([p.detach() for p in params], 1.0)  # one fused copy
         if closure is not None:
             with torch.enable_grad():
                 loss = self.optimizer.step(closure)
         else:
             loss = self.optimizer.step()
-        delta = [p.detach() - o for p, o in zip(params, old)]
-        norm = math.sqrt(sum(float(d.double().pow(2).sum()) for d in delta))
+        delta = torch._foreach_sub([p.detach() for p in params], old)
+        norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta)).double())) if delta else 0.0
         if inputs is not None:
             batch = (inputs if isinstance(inputs, tuple) else (inputs,)), {}
         else:
@@ -214,12 +220,10 @@ class SafeStep(torch.optim.Optimizer):
             return loss
         at = {self._names[id(p)]: o for p, o in zip(params, old) if id(p) in self._names}
         tang = {self._names[id(p)]: d for p, d in zip(params, delta) if id(p) in self._names}
-        with torch.enable_grad():
-            z, a = logit_slopes(self.model, tang, batch[0], batch[1], params=at, logits_fn=self.logits_fn)
+        z, a = logit_slopes(self.model, tang, batch[0], batch[1], params=at, logits_fn=self.logits_fn)
         scale, self.ctrl_state = self.controller.update(self.ctrl_state, z, a, norm)
-        if scale < 1.0:
-            for p, o in zip(params, old):  # p <- old + scale (p - old)
-                p.mul_(scale).add_(o, alpha=1.0 - scale)
+        if scale < 1.0:  # p <- old + scale (p - old)
+            torch._foreach_copy_(params, torch._foreach_add(old, delta, alpha=scale))
         return loss
 
     def state_dict(self):

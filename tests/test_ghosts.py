@@ -273,3 +273,16 @@ def test_symbolic_log_odds_concave_and_lipschitz(rng):
         if l0 > 0 and np.argmax(zv) == 0:
             closed = radius_lower_bound(zv, av, "closed")
             assert closed >= math.pi / np.ptp(av) * (1 - 1e-12)
+
+
+def test_pi_radius_batch_matches_and_float32(rng):
+    from analysis.ghosts import pi_radius_batch
+
+    a = torch.tensor(rng.normal(size=(20, 7)))
+    assert torch.equal(pi_radius_batch(a), radius_lower_bound_batch(torch.zeros(20, 7), a, "pi"))
+    a32 = a.float()
+    exact = [math.pi / float(np.ptp(a32[i].double().numpy())) for i in range(20)]
+    got = pi_radius_batch(a32)
+    assert all(float(g) <= e and float(g) == pytest.approx(e, rel=1e-12) for g, e in zip(got, exact))
+    with pytest.raises(ValueError, match="a"):
+        pi_radius_batch(torch.tensor([[0.0, float("nan")]]))
