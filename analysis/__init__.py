@@ -1,4 +1,20 @@
-"""Analyses built on softcert's bounds: experiments, radii, top-k, floating point, stability."""
+"""Analyses built on softcert's bounds: Taylor radii and safe steps, top-k certificates,
+floating-point error bounds, feedback stability, experiments.
+
+Submodules are the public API (``analysis.ghosts``, ``analysis.topk`` ...); the most used
+names are re-exported here.
+"""
+from analysis.ghosts import (
+    RadiusResult,
+    batch_radius,
+    binary_radius,
+    pi_radius_batch,
+    radius_exact,
+    radius_lower_bound,
+    radius_lower_bound_batch,
+    top2_estimate,
+)
+from analysis.safestep import SafeStep, SafeStepController, SafeStepState, logit_slopes
 from analysis.topk import (
     OutputErrorBound,
     TopKCertificate,
@@ -15,8 +31,10 @@ from analysis.topk import (
 )
 
 __all__ = [
-    "OutputErrorBound", "TopKCertificate", "blockwise_bound", "certified_k", "certify_topk",
-    "gap_bound", "gaussian_k_fraction", "gaussian_rule_check", "key_block_score_bounds",
-    "multi_gap_bound",
-    "output_error_bound", "tail_mass",
+    "OutputErrorBound", "RadiusResult", "SafeStep", "SafeStepController", "SafeStepState",
+    "TopKCertificate", "batch_radius", "binary_radius", "blockwise_bound", "certified_k",
+    "certify_topk", "gap_bound", "gaussian_k_fraction", "gaussian_rule_check",
+    "key_block_score_bounds", "logit_slopes", "multi_gap_bound", "output_error_bound",
+    "pi_radius_batch", "radius_exact", "radius_lower_bound", "radius_lower_bound_batch",
+    "tail_mass", "top2_estimate",
 ]
