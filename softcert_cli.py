@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tightness": ("analysis.tightness", "Vertex-Softmax vs baseline bounds on synthetic score boxes"),
     "bench": ("kernels.bench", "throughput of Vertex-Softmax against torch.sort"),
     "vertex": ("bounds.cli", "bound c·softmax(s) over a score box given on the command line"),
+    "fp": ("analysis.fp_report", "proven FP softmax error bounds vs worst measured errors, thresholds"),
+    "stability": ("analysis.stability_report", "softmax feedback stability thresholds and sharpness demos"),
 }
 
 

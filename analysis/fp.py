@@ -305,6 +305,27 @@ class ErrorBound:
     sum_roundings: int  # K_u: most roundings any term of the normaliser passes through
     sum_exps: int  # K_e: most exp evaluations any term of the normaliser passes through
     assumptions: str
+    arg_factor: float = math.inf  # B_hi: multiplies the per-entry exp-argument term
+    underflow_floor: float = math.inf  # the part of abs_floor due to underflow alone
+
+    def elementwise(self, x_rounded, p) -> np.ndarray:
+        """The sharper per-entry form of the same proof (step 3 of :func:`error_bound`):
+        |p_hat_i - p_i| <= rel_core p_i + B min(p_i (e^{u d_i} - 1), g_max) + underflow_floor,
+        d_i = max x - x_i. Valid without a score range; returns the bound per entry."""
+        x = np.asarray(x_rounded, dtype=np.float64)
+        p = np.asarray(p, dtype=np.float64)
+        d = (x.max() - x) * (1 + 2.0 ** -50)
+        g_max = self.u / ((1 - self.u) * math.e)
+        with np.errstate(over="ignore", invalid="ignore"):
+            arg = np.minimum(p * np.expm1(self.u * d), g_max)
+        return self.rel_core * p + self.arg_factor * arg + self.underflow_floor
+
+    @property
+    def rel_core(self) -> float:
+        """rel without the score-range term (equal to rel when score_range is None)."""
+        if self.score_range is None or not math.isfinite(self.rel):
+            return self.rel
+        return _up(self.rel - self.arg_factor * math.expm1(self.u * self.score_range))
 
     @property
     def rel_in_u(self) -> float:
@@ -405,13 +426,15 @@ def error_bound(
     B_lo = (1 - ue) * (1 - u) ** k_out / S_hi
     rel = max(B_hi - 1, 1 - B_lo)
     g_max = u / ((1 - u) * math.e)
-    abs_floor = (eta_e * (1 + u) ** k_out) / S_lo + k_out * q * (1 + ue) * 2
+    under = (eta_e * (1 + u) ** k_out) / S_lo + k_out * q * (1 + ue) * 2
+    abs_floor = under
     if score_range is not None:
         rel += B_hi * math.expm1(u * float(score_range))
     else:
         abs_floor += B_hi * g_max
     return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
-                      _up(rel), _up(abs_floor), score_range, u, k, K_u, K_e, _ASSUME)
+                      _up(rel), _up(abs_floor), score_range, u, k, K_u, K_e, _ASSUME,
+                      _up(B_hi), _up(under))
 
 
 _ASSUME = ("standard model with gradual underflow (round-to-nearest, no flush-to-zero); "
@@ -599,11 +622,22 @@ def bound_violation(y_hat, p, bound: ErrorBound) -> float:
     return float(np.max(err / (bound.rel * p + bound.abs_floor)))
 
 
-def needed_rel(y_hat, p, bound: ErrorBound) -> float:
-    """Smallest rel' with |p_hat_i - p_i| <= rel' p_i + abs_floor for all i (the measured
-    counterpart of ``bound.rel``; entries already covered by the floor need nothing)."""
+def elementwise_violation(y_hat, x_rounded, p, bound: ErrorBound) -> float:
+    """max_i |p_hat_i - p_i| / (per-entry bound): > 1 means the sharper form is violated."""
+    if not math.isfinite(bound.rel):
+        return 0.0
     err = np.abs(np.asarray(y_hat, dtype=np.float64) - p)
-    floor = bound.abs_floor if math.isfinite(bound.abs_floor) else 0.0
+    return float(np.max(err / bound.elementwise(x_rounded, p)))
+
+
+def needed_rel(y_hat, x_rounded, p, bound: ErrorBound) -> float:
+    """Smallest rel' with |p_hat_i - p_i| <= rel' p_i + (per-entry argument and underflow
+    terms of the proof) for all i: the measured counterpart of the core ``rel``."""
+    err = np.abs(np.asarray(y_hat, dtype=np.float64) - p)
+    if math.isfinite(bound.rel):
+        floor = bound.elementwise(x_rounded, p) - bound.rel_core * p
+    else:
+        floor = np.zeros_like(p)
     excess = np.maximum(err - floor, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(p > 0, excess / p, np.where(excess > 0, np.inf, 0.0))
