@@ -143,7 +143,10 @@ class RowsReport:
 
 def rows_report(scores, algorithm: str = "three_pass", exp_ulps: float = 1.0,
                 measure: bool = True) -> RowsReport:
-    """Bounds and measured FP32 errors for every row of ``scores`` (..., n); -inf = masked."""
+    """Bounds and measured FP32 errors for every row of ``scores`` (..., n); -inf = masked.
+
+    ``algorithm`` selects the constants of the bound; ``measured`` is always the FP32
+    three-pass arithmetic (so compare it with the three_pass bound)."""
     if algorithm not in ALGO_CODES:
         raise ValueError(f"algorithm must be one of {tuple(ALGO_CODES)}, got {algorithm!r}")
     x = np.asarray(scores)
