@@ -51,7 +51,7 @@ def _affine_radius(node, r):
     if op == "center":
         # x_i - mean(x): |coefficients| sum to r_i (1 - 2/n) + mean(r)
         return r * (1 - 2 / r.shape[-1]) + r.mean(-1, keepdim=True)
-    if op in ("bias", "softmax_shift"):
+    if op == "bias":
         return r
     if op == "prepend":
         return torch.cat([torch.zeros_like(r[:, :1]), r], dim=1)
@@ -70,6 +70,11 @@ def ibp_node(state, i):
     if node.op == "add":
         return ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]
     (l, u), = ins
+    if node.op == "softmax_shift":
+        idx = state.consts[i]
+        lo, hi = l - u.gather(-1, idx), u - l.gather(-1, idx)
+        zero = torch.zeros_like(idx, dtype=l.dtype)
+        return lo.scatter(-1, idx, zero), hi.scatter(-1, idx, zero)
     mid = ops.forward(node, [(l + u) / 2], state.consts.get(i))
     rad = _affine_radius(node, (u - l) / 2)
     return mid - rad, mid + rad
@@ -167,12 +172,15 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False):
     state = BoundState(graph, xl, xu)
     need = _needs_bounds(graph) if crown else set()
     att_of = {a["probs"]: a for a in graph.attention} | {a["pv"]: a for a in graph.attention}
+    centre = [(xl + xu) / 2]
+    for node in graph.nodes[1:]:
+        centre.append(ops.forward(node, [centre[j] for j in node.inputs]))
     for i in range(1, len(graph.nodes)):
         node = graph.nodes[i]
         if node.op == "softmax_shift":
-            # shift by the row max of the lower bounds: some shifted score is >= 0, so the
-            # exp-sum is >= 1 and its reciprocal stays finite
-            state.consts[i] = state.bounds[node.inputs[0]][0].max(-1, keepdim=True).values
+            # subtract the score of the key that wins at the box centre: differences of
+            # scores get tight CROWN bounds, and y_j* = 0 keeps the exp-sum >= 1
+            state.consts[i] = centre[node.inputs[0]].argmax(-1, keepdim=True)
         l, u = ibp_node(state, i)
         if i in need:
             cl, cu = crown_node(state, i)

@@ -4,8 +4,8 @@ Each ``ViT`` submodule is lowered to a few primitive nodes in topological order:
 linear/affine maps (Linear, positional and class-token constants, head split/merge,
 transpose, scaling, sums, means, pooling), unary nonlinearities (relu, exp, reciprocal,
 square, rsqrt) and two-input products (elementwise ``mul``, ``matmul``). Softmax is
-exp(s - c) · 1/Σexp(s - c), with c a per-row constant chosen from the score bounds
-(softmax is shift invariant, so any c is exact); LayerNorm is centring, square, mean,
+exp(y) · 1/Σexp(y) with y_j = s_j - s_j* for a per-row key j* (the argmax at the
+box centre; softmax is shift invariant, so any j* is exact, and y_j* = 0 keeps Σexp(y) >= 1); LayerNorm is centring, square, mean,
 rsqrt and a product. Shapes exclude the batch dimension.
 """
 from __future__ import annotations

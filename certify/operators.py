@@ -25,10 +25,6 @@ def _merge(x):
     return x.transpose(-3, -2).reshape(*lead, n, h * dh)
 
 
-def _rowmax(x):
-    return x.max(dim=-1, keepdim=True).values
-
-
 def forward(node, xs, const=None):
     """Evaluate ``node`` on concrete inputs ``xs`` (batch first). ``const``: softmax shift."""
     op, p = node.op, node.params
@@ -52,7 +48,8 @@ def forward(node, xs, const=None):
     if op == "scale":
         return x * p["factor"]
     if op == "softmax_shift":
-        return x - (_rowmax(x) if const is None else const)
+        idx = x.argmax(-1, keepdim=True) if const is None else const
+        return x - x.gather(-1, idx)
     if op == "sum_last":
         return x.sum(-1, keepdim=True)
     if op == "mean_last":
@@ -102,7 +99,9 @@ def adjoint(node, A, const=None):
     if op == "scale":
         return [A * p["factor"]], zero
     if op == "softmax_shift":
-        return [A], -sum_rest(A * const.unsqueeze(1))
+        # y_j = x_j - x_j*: A·y = A·x - (Σ_j A_j) x_j*
+        idx = const.unsqueeze(1).expand(*A.shape[:-1], 1)
+        return [A.scatter_add(-1, idx, -A.sum(-1, keepdim=True))], zero
     if op == "sum_last":
         n = node.params["n"]
         return [A.expand(*A.shape[:-1], n)], zero
