@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tightness": ("analysis.tightness", "Vertex-Softmax vs baseline bounds on synthetic score boxes"),
     "bench": ("kernels.bench", "throughput of Vertex-Softmax against torch.sort"),
     "vertex": ("bounds.cli", "bound c·softmax(s) over a score box given on the command line"),
+    "certify": ("certify.cli", "certified accuracy of zoo attention models (IBP/CROWN/Vertex/auto_LiRPA)"),
 }
 
 

@@ -148,11 +148,16 @@ def crown_node(state, i):
     return lo[:, :m].reshape(-1, *shape), -lo[:, m:].reshape(-1, *shape)
 
 
+MONOTONE = {"exp", "reciprocal", "rsqrt", "relu"}
+
+
 def _needs_bounds(graph):
+    """Inputs of nonlinear nodes get CROWN bounds, except outputs of monotone elementwise
+    maps: there the image of the input's bounds (IBP) is exact and CROWN cannot beat it."""
     need = set()
     for n in graph.nodes:
         if n.op in UNARY_OPS or n.op in PRODUCT_OPS:
-            need.update(n.inputs)
+            need.update(j for j in n.inputs if graph.nodes[j].op not in MONOTONE)
     return need
 
 
