@@ -33,6 +33,7 @@ class CertResult:
     method: str
     eps: float
     seconds: float
+    note: str = ""
     assumptions: str = field(default=crown.__doc__.split("Arithmetic: ")[1].strip(), repr=False)
 
     @property
@@ -79,13 +80,20 @@ def verify(model, x, label, eps, method="crown", batch_size=8) -> CertResult:
     g = build_graph(m64)
     classes = model.head.out_features
     t0 = time.perf_counter()
-    out = []
+    out, note = [], ""
     for s in range(0, x.shape[0], batch_size):
         xb, lb = x[s: s + batch_size], label[s: s + batch_size]
         xl, xu = input_box(xb, eps)
         zl, zu, z0 = m64.patchify(xl), m64.patchify(xu), m64.patchify(xb)
         C = margin_spec(lb, classes)
-        lo = _lower(m64, g, zl, zu, z0, C, method, True)
+        try:
+            lo = _lower(m64, g, zl, zu, z0, C, method, True)
+        except (AssertionError, RuntimeError, IndexError) as exc:
+            if not method.startswith("lirpa-"):
+                raise
+            # auto_LiRPA gives up (e.g. an IBP denominator interval reaching 0): no bound
+            note = f"auto_LiRPA failed: {type(exc).__name__}: {exc}"[:200]
+            lo = torch.full(C.shape[:2], -torch.inf, dtype=torch.float64)
         lo = lo.detach().to(torch.float64)
         lo[torch.arange(len(lb)), lb] = 0.0
         out.append(lo)
@@ -93,4 +101,4 @@ def verify(model, x, label, eps, method="crown", batch_size=8) -> CertResult:
     other = torch.ones_like(lower, dtype=torch.bool)
     other[torch.arange(len(label)), label] = False
     certified = torch.where(other, lower > 0, True).all(1)
-    return CertResult(lower, certified, method, float(eps), time.perf_counter() - t0)
+    return CertResult(lower, certified, method, float(eps), time.perf_counter() - t0, note)

@@ -65,9 +65,10 @@ def run(args) -> int:
             certified_acc=res.certified.sum().item() / len(y),
             mean_lower_margin=res.worst_margin.mean().item(),
             seconds_per_sample=res.seconds / max(1, int(correct.sum())),
-            lower_margin=res.lower_margin.tolist(),
+            lower_margin=res.lower_margin.tolist(), note=res.note,
         ))
-    _write(out, rows, command)
+        if (name, eps, meth) == jobs[-1] or jobs[jobs.index((name, eps, meth)) + 1][0] != name:
+            _write(out, rows, command)  # after every model, so a long run keeps its results
     return 0
 
 
@@ -114,7 +115,8 @@ def _write(out, rows, command):
                   "| eps | method | PGD-robust acc | certified acc | mean lower margin | s / sample |",
                   "|---|---|---|---|---|---|"]
         for r in rs:
-            lines.append(f"| {r['eps']} | {r['method']} | {r['pgd_acc']:.2f} | {r['certified_acc']:.2f} | "
+            note = f" ({r['note']})" if r.get("note") else ""
+            lines.append(f"| {r['eps']} | {r['method']}{note} | {r['pgd_acc']:.2f} | {r['certified_acc']:.2f} | "
                          f"{r['mean_lower_margin']:.4g} | {r['seconds_per_sample']:.3g} |")
         lines.append("")
     for a, b in [("crown", "lirpa-crown"), ("vertex", "crown"), ("vertex", "alpha-crown"), ("alpha-crown", "crown")]:

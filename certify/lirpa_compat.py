@@ -138,3 +138,68 @@ def lirpa_lower(model, zl, zu, z0, C, method, custom_ops=None, patch_reducemax=T
         bm.set_bound_opts({"optimize_bound_args": {"iteration": iterations, "lr_alpha": lr}})
     lo, _ = bm.compute_bounds(x=(x,), C=C, method=method, bound_upper=False)
     return lo
+
+
+def _to_f32(t, direction):
+    """float64 -> float32 rounded toward ``direction`` (-inf or +inf): stays on the safe side."""
+    import torch
+
+    r = t.to(torch.float32)
+    bad = (r.double() > t) if direction < 0 else (r.double() < t)
+    step = torch.full_like(r, -torch.inf if direction < 0 else torch.inf)
+    return torch.where(bad, torch.nextafter(r, step), r)
+
+
+def vertex_softmax_bound():
+    """A Bound class for ``BoundedModule(..., custom_ops={'onnx::Softmax': cls})``.
+
+    Interval: exact elementwise softmax intervals; backward: the coefficient rows of last_A
+    are solved exactly over the score box by ``bounds.vertex_softmax`` and returned as a
+    constant bias (A = None): min / max of Σ_rows c·softmax(s) with the input dependence
+    dropped (see notes/vertex_in_crown_first_measurement.md for when that wins)."""
+    import torch
+
+    load()
+    from auto_LiRPA.operators.base import Bound
+
+    from bounds import vertex_softmax
+
+    class VertexSoftmaxBound(Bound):
+        def __init__(self, attr, inputs, output_index, options):
+            super().__init__(attr, inputs, output_index, options)
+            self.axis = attr["axis"]
+            self.nonlinear = True
+            self.requires_input_bounds = [0]
+
+        def forward(self, x):
+            return torch.softmax(x, dim=self.axis)
+
+        def infer_batch_dim(self, batch_size, *x):
+            return x[0]
+
+        def _last(self, t):
+            return t.movedim(self.axis, -1).double()
+
+        def interval_propagate(self, *v):
+            l, u = (self._last(t) for t in v[0])
+            n = l.shape[-1]
+            eye = torch.eye(n, dtype=torch.float64)
+            r = vertex_softmax(eye, l.unsqueeze(-2), u.unsqueeze(-2))
+            return (_to_f32(r.lower, -1).movedim(-1, self.axis).to(v[0][0].dtype),
+                    _to_f32(r.upper, 1).movedim(-1, self.axis).to(v[0][0].dtype))
+
+        def bound_backward(self, last_lA, last_uA, x):
+            l, u = self._last(x.lower), self._last(x.upper)
+            ax = self.axis if self.axis >= 0 else self.axis + l.dim()
+
+            def side(A, lower):
+                if A is None:
+                    return 0
+                c = A.movedim(ax + 1, -1).double()
+                r = vertex_softmax(c, l.unsqueeze(0).expand_as(c), u.unsqueeze(0).expand_as(c))
+                val = (r.lower if lower else r.upper).flatten(2).sum(-1)
+                return _to_f32(val, -1 if lower else 1)
+
+            return [(None, None)], side(last_lA, True), side(last_uA, False)
+
+    return VertexSoftmaxBound
