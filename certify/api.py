@@ -54,8 +54,9 @@ def _lower(model, g, zl, zu, z0, C, method, batch_first):
         f = lambda t: t.to(torch.float32)  # noqa: E731
         return lirpa_lower(m32, f(zl), f(zu), f(z0), f(C), name).detach().to(torch.float64)
     if method == "ibp":
-        return crown.ibp_lower(crown.propagate(g, zl, zu, crown=False), C)
-    state = crown.propagate(g, zl, zu, vertex=(method == "vertex"))
+        return crown.ibp_lower(crown.propagate(g, zl, zu, crown=False, anchor=z0), C)
+    # anchor the softmax shift at the input itself, as auto_LiRPA does (fixed max index)
+    state = crown.propagate(g, zl, zu, vertex=(method == "vertex"), anchor=z0)
     if method == "alpha-crown":
         return crown.alpha_crown(state, C)
     lo = crown.backward(state, g.output, C)

@@ -171,13 +171,15 @@ def _domain(node, l, u):
     return l, torch.maximum(l, u)
 
 
-def propagate(graph, xl, xu, *, crown=True, vertex=False):
+def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None):
     """Bounds of every node. crown=False: IBP only. vertex=True: softmax probabilities and
-    attention outputs are also intersected with their exact Vertex-Softmax intervals."""
+    attention outputs are also intersected with their exact Vertex-Softmax intervals.
+    ``anchor``: the input point (default: the box centre) whose winning key j* per attention
+    row is subtracted from the scores (any choice is exact; it only changes tightness)."""
     state = BoundState(graph, xl, xu)
     need = _needs_bounds(graph) if crown else set()
     att_of = {a["probs"]: a for a in graph.attention} | {a["pv"]: a for a in graph.attention}
-    centre = [(xl + xu) / 2]
+    centre = [(xl + xu) / 2 if anchor is None else anchor]
     for node in graph.nodes[1:]:
         centre.append(ops.forward(node, [centre[j] for j in node.inputs]))
     for i in range(1, len(graph.nodes)):
