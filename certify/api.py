@@ -82,6 +82,8 @@ def verify(model, x, label, eps, method="crown", batch_size=8) -> CertResult:
     classes = model.head.out_features
     t0 = time.perf_counter()
     out, note = [], ""
+    if method.startswith("lirpa-"):
+        batch_size = 1  # auto_LiRPA 0.3 needed > 20 GB for 4 images of the 2-block model
     for s in range(0, x.shape[0], batch_size):
         xb, lb = x[s: s + batch_size], label[s: s + batch_size]
         xl, xu = input_box(xb, eps)
