@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ghosts": ("analysis.ghosts_experiments", "Taylor-radius experiments on sklearn digits: sweep, LR spike, temperature, SafeStep overhead"),
     "fp": ("analysis.fp_report", "proven FP softmax error bounds vs worst measured errors, thresholds"),
     "stability": ("analysis.stability_report", "softmax feedback stability thresholds and sharpness demos"),
+    "certify": ("certify.cli", "certified accuracy of zoo attention models (IBP/CROWN/Vertex/auto_LiRPA)"),
 }
 
 
