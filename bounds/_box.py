@@ -11,7 +11,14 @@ import torch
 NEG_INF = float("-inf")
 
 
-def as_float64(x, name: str) -> torch.Tensor:
+def _plainly_valid(lo: torch.Tensor, hi: torch.Tensor) -> bool:
+    """One cheap test that passes exactly for boxes with no NaN, no +inf, lo <= hi, and no
+    masked (-inf, -inf) entries; anything else takes the detailed checks below, which name
+    the problem. NaN propagates through the difference and through max."""
+    return bool((hi - lo).min() >= 0) and bool(hi.max() < float("inf"))
+
+
+def as_float64(x, name: str, check_nan: bool = True) -> torch.Tensor:
     """Convert array-like ``x`` to a float64 tensor (exact for float32 input)."""
     if isinstance(x, torch.Tensor):
         t = x.detach()
@@ -29,7 +36,7 @@ def as_float64(x, name: str) -> torch.Tensor:
     t = t.to(device="cpu", dtype=torch.float64)
     if t.dim() == 0:
         raise ValueError(f"{name}: expected at least one dimension (the score axis), got a scalar")
-    if torch.isnan(t).any():
+    if check_nan and torch.isnan(t).any():
         raise ValueError(f"{name}: contains NaN")
     return t
 
@@ -40,9 +47,14 @@ def score_box(lower, upper, *, allow_masked: bool = True) -> tuple[torch.Tensor,
     -inf in ``upper`` marks a masked entry (it then must be -inf in ``lower`` as well and takes
     no mass); -inf in ``lower`` alone means the entry's mass can approach 0. +inf is rejected.
     """
-    lo = as_float64(lower, "lower")
-    hi = as_float64(upper, "upper")
+    lo = as_float64(lower, "lower", check_nan=False)
+    hi = as_float64(upper, "upper", check_nan=False)
+    if lo.shape == hi.shape and lo.numel() and _plainly_valid(lo, hi):
+        if allow_masked or bool(lo.min() > float("-inf")):
+            return lo, hi
     for t, name in ((lo, "lower"), (hi, "upper")):
+        if torch.isnan(t).any():
+            raise ValueError(f"{name}: contains NaN")
         if torch.isposinf(t).any():
             raise ValueError(f"{name}: contains +inf (scores must be finite above)")
     try:
@@ -69,8 +81,10 @@ def score_box(lower, upper, *, allow_masked: bool = True) -> tuple[torch.Tensor,
 
 def coefficient_box(c, lower, upper, *, allow_masked: bool = True):
     """Validate (c, lower, upper) and broadcast them to one shape (..., n)."""
-    cc = as_float64(c, "c")
-    if torch.isinf(cc).any():
+    cc = as_float64(c, "c", check_nan=False)
+    if cc.numel() and not torch.isfinite(cc.abs().max()):
+        if torch.isnan(cc).any():
+            raise ValueError("c: contains NaN")
         raise ValueError("c: contains +-inf (coefficients must be finite)")
     lo, hi = score_box(lower, upper, allow_masked=allow_masked)
     try:
