@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tightness": ("analysis.tightness", "Vertex-Softmax vs baseline bounds on synthetic score boxes"),
     "bench": ("kernels.bench", "throughput of Vertex-Softmax against torch.sort"),
     "vertex": ("bounds.cli", "bound c·softmax(s) over a score box given on the command line"),
+    "ghosts": ("analysis.ghosts_experiments", "Taylor-radius experiments on sklearn digits: sweep, LR spike, temperature, SafeStep overhead"),
 }
 
 
