@@ -17,6 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kernels.bench", "throughput of Vertex-Softmax against torch.sort"),
     "vertex": ("bounds.cli", "bound c·softmax(s) over a score box given on the command line"),
     "ghosts": ("analysis.ghosts_experiments", "Taylor-radius experiments on sklearn digits: sweep, LR spike, temperature, SafeStep overhead"),
+    "topk": ("analysis.topk_study", "certified top-k truncation on a real model's attention (MiniLM)"),
+    "topk-bench": ("kernels.bench_topk", "throughput of the top-k certificate kernels vs torch.sort"),
 }
 
 

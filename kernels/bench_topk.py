@@ -1,0 +1,95 @@
+"""``softcert topk-bench``: throughput of the top-k certificate kernels, as ratios to torch.sort.
+
+Rows per second at n keys for certified_k / tail mass / gap bounds (Numba and the torch
+reference), each against one ``torch.sort`` and one ``torch.topk(k = n/2)`` pass over the
+same float64 tensor in the same run (best of ``--repeat``; equal thread counts for torch and
+Numba). Scores are synthetic attention-like rows: N(0, 2²) with a tenth of the rows padded.
+Writes ``<out>/bench.md`` and ``bench.json`` with the command.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def configure(parser):
+    parser.add_argument("--out", default="docs/topk", help="output directory (default docs/topk)")
+    parser.add_argument("--n", type=int, nargs="+", default=[128, 512, 4096])
+    parser.add_argument("--elements", type=int, default=1 << 21,
+                        help="scores per tensor (rows = elements / n), default 2^21")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch and Numba threads")
+    parser.add_argument("--eps", type=float, default=0.01)
+
+
+def _best(fn, repeat):
+    fn()  # warm-up (and JIT compile)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def run(args) -> int:
+    import numba
+    from tqdm import tqdm
+
+    from analysis import topk
+    from kernels import topk as ktopk
+
+    if args.threads < 1 or args.repeat < 1:
+        raise ValueError("threads/repeat: must be >= 1")
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    rng = np.random.default_rng(0)
+    results = []
+    for n in tqdm(args.n, desc="topk-bench", unit="n", file=sys.stderr):
+        rows = max(1, args.elements // n)
+        s = torch.from_numpy(rng.standard_normal((rows, n)) * 2.0)
+        s[::10, n - n // 4:] = float("-inf")
+        k_half = torch.full((rows,), n // 2, dtype=torch.int64)
+        cases = {
+            "torch.sort": lambda: torch.sort(s, dim=-1, descending=True),
+            "torch.topk(n/2)": lambda: torch.topk(s, n // 2, dim=-1),
+            "numba certified_k": lambda: ktopk.certified_k_numba(s, args.eps),
+            "numba tail_mass": lambda: ktopk.tail_mass_numba(s, k_half, "up"),
+            "numba gap_bound (selection)": lambda: ktopk.gap_bound_numba(s, k_half),
+            "numba multi_gap_bound(4)": lambda: ktopk.multi_gap_bound_numba(s, k_half, 4),
+            "torch ref certify_topk": lambda: topk.certify_topk(s, args.eps),
+        }
+        times = {name: _best(fn, args.repeat) for name, fn in cases.items()}
+        # same answers as the reference on this tensor (the tests check it bit for bit too)
+        assert torch.equal(ktopk.certified_k_numba(s, args.eps)[0], topk.certified_k(s, args.eps))
+        for name, t in times.items():
+            results.append({
+                "n": n, "rows": rows, "method": name, "seconds": t, "rows_per_s": rows / t,
+                "time_vs_sort": t / times["torch.sort"], "time_vs_topk": t / times["torch.topk(n/2)"],
+            })
+    command = "softcert topk-bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
+        if len(sys.argv) > 1 and sys.argv[1] == "topk-bench" else "softcert topk-bench"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": command, "threads": args.threads, "eps": args.eps,
+            "torch": torch.__version__, "numba": numba.__version__, "results": results}
+    (out / "bench.json").write_text(json.dumps(meta, indent=1))
+    lines = ["# Top-k certificate kernels: throughput", "",
+             f"Regenerate: `{command}` (threads = {args.threads}; best of {args.repeat}; "
+             "float64 N(0,4) rows, every tenth row with a quarter of its keys masked).", "",
+             "time ratio = time / time of the baseline pass over the same tensor in the same "
+             "run (< 1 is faster).", "",
+             "| n | rows | method | rows/s | time / torch.sort | time / torch.topk(n/2) |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['n']} | {r['rows']} | {r['method']} | {r['rows_per_s']:.3g} | "
+                     f"{r['time_vs_sort']:.2f} | {r['time_vs_topk']:.2f} |")
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
