@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ghosts": ("analysis.ghosts_experiments", "Taylor-radius experiments on sklearn digits: sweep, LR spike, temperature, SafeStep overhead"),
     "topk": ("analysis.topk_study", "certified top-k truncation on a real model's attention (MiniLM)"),
     "topk-bench": ("kernels.bench_topk", "throughput of the top-k certificate kernels vs torch.sort"),
+    "fp": ("analysis.fp_report", "proven FP softmax error bounds vs worst measured errors, thresholds"),
+    "stability": ("analysis.stability_report", "softmax feedback stability thresholds and sharpness demos"),
 }
 
 

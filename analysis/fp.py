@@ -1,0 +1,644 @@
+"""Low-precision softmax algorithms and their rigorous forward-error bounds.
+
+Algorithms (all run in the working precision, never float64 in disguise):
+
+* ``three_pass``  max; e_i = exp(x_i - m); S = Σ e_i (sequential); y_i = e_i / S.
+* ``two_pass``    Milakov & Gimelshein (2018) online normaliser: d_j = d_{j-1} e^{m_{j-1}-m_j}
+                  + e^{x_j-m_j} (both exps every step); y_i = exp(x_i - m_n) / d_n.
+* ``online``      the branchy single-sweep fold of the (m, S) monoid used by attention kernels:
+                  rescale only when the max grows (d <- d e^{m-x_j} + 1), else d <- d + e^{x_j-m};
+                  output y_i = exp(x_i - m) * fl(1/d) (reciprocal, then multiply).
+* ``blocked``     FlashAttention-style tiles of ``block`` scores: per-tile (m_b, s_b), tiles merged
+                  sequentially with D <- D e^{M-M'} + s_b e^{m_b-M'}.
+* ``tree``        pairwise (prefix-scan) reduction of the monoid (m, S): m = max(m_A, m_B),
+                  S = S_A e^{m_A-m} + S_B e^{m_B-m}, leaves (x_j, 1), depth ceil(log2 n).
+
+Working precisions: float64 and float32 natively; float16 and bfloat16 are emulated: every
+operation is done in float32 and the float32 result is rounded to the target format
+(round-to-nearest-even on the bit pattern for bfloat16, on the value for float16, with
+overflow to inf and gradual underflow).  For +, -, *, / this is exactly the correctly
+rounded target operation, because 24 >= 2p + 2 for p = 11 (float16) and p = 8 (bfloat16)
+(double rounding is innocuous).  exp is float32 ``expf`` (glibc, through Numba's
+``math.exp``) rounded to the target; its accuracy is measured, not assumed: see
+:func:`measure_exp_ulps`.
+
+Error model (Higham 2002, §2.2): fl(a op b) = (a op b)(1 + δ), |δ| <= u for normal results;
+subnormal results carry an absolute error <= q/2 (q = smallest subnormal).  exp_hat(t) =
+e^t (1 + ε) with |ε| <= u_e = 2 k u for an exp accurate to k ulp (ulp(y) <= 2u|y|), and an
+absolute error <= k q in the subnormal range.  See :func:`error_bound` for the derivation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+ALGORITHMS = ("three_pass", "two_pass", "online", "blocked", "tree")
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Format:
+    """An IEEE-style binary format: precision p (with hidden bit), emin, largest finite value."""
+
+    name: str
+    p: int
+    emin: int
+    emax: int
+
+    @property
+    def u(self) -> float:
+        return 2.0 ** -self.p
+
+    @property
+    def tiny(self) -> float:  # smallest normal
+        return 2.0 ** self.emin
+
+    @property
+    def q(self) -> float:  # smallest subnormal
+        return 2.0 ** (self.emin - self.p + 1)
+
+    @property
+    def max(self) -> float:
+        return (2.0 - 2.0 ** (1 - self.p)) * 2.0 ** self.emax
+
+
+FORMATS = {
+    "float64": Format("float64", 53, -1022, 1023),
+    "float32": Format("float32", 24, -126, 127),
+    "float16": Format("float16", 11, -14, 15),
+    "bfloat16": Format("bfloat16", 8, -126, 127),
+}
+_CODE = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
+
+#: Assumed exp accuracy in ulp of the result, per working precision (>= the measured maximum:
+#: float32 glibc expf measured 0.5016 ulp exhaustively on [-104, 89]; float16/bfloat16 are
+#: expf rounded to the target, measured <= 0.5 + 2^-13 ulp exhaustively; float64 glibc exp
+#: is documented < 1 ulp and measured <= 0.51 ulp on a dense grid against mpmath).
+EXP_ULPS = {"float64": 1.0, "float32": 1.0, "float16": 0.75, "bfloat16": 0.75}
+
+
+def _check_dtype(dtype: str) -> Format:
+    if dtype not in FORMATS:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    return FORMATS[dtype]
+
+
+# ----------------------------------------------------------------------------- rounding
+@numba.njit(cache=True)
+def _round_to(v, p, emin, maxval):
+    """Round a float64 value to precision p, min exponent emin (RNE, gradual underflow)."""
+    if v != v or v == 0.0 or math.isinf(v):
+        return v
+    a = abs(v)
+    if a < 2.0 ** emin:
+        qexp = emin - p + 1
+    else:
+        fr, e = math.frexp(a)  # a = fr * 2^e, fr in [0.5, 1)
+        qexp = e - p
+    q = 2.0 ** qexp
+    r = np.rint(a / q) * q  # a/q and the product are exact powers-of-two scalings
+    if r > maxval:
+        r = math.inf
+    return r if v > 0 else -r
+
+
+@numba.njit(cache=True)
+def _rd(v, code):
+    """Round a working value (float32 for codes 1-3, float64 for 0) to the working format."""
+    if code <= 1:
+        return v
+    if code == 2:
+        return np.float32(_round_to(np.float64(v), 11, -14, 65504.0))
+    return np.float32(_round_to(np.float64(v), 8, -126, 3.3895313892515355e38))
+
+
+@numba.njit(cache=True)
+def _exp(t, code):
+    return _rd(math.exp(t), code)
+
+
+def round_array(x, dtype: str) -> np.ndarray:
+    """x rounded (RNE) to ``dtype``; float16/bfloat16 values are returned as float32 arrays."""
+    fmt = _check_dtype(dtype)
+    x = np.asarray(x, dtype=np.float64)
+    if dtype == "float64":
+        return x.copy()
+    if dtype == "float32":
+        return x.astype(np.float32)
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float32)
+    return _round_vec(x, fmt.p, fmt.emin, fmt.max).astype(np.float32)
+
+
+@numba.njit(cache=True)
+def _round_vec(x, p, emin, maxval):
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = _round_to(x[i], p, emin, maxval)
+    return out
+
+
+# ----------------------------------------------------------------------------- algorithms
+@numba.njit(cache=True)
+def _three_pass(x, code):
+    n = x.size
+    m = x[0]
+    for i in range(1, n):
+        if x[i] > m:
+            m = x[i]
+    e = np.empty_like(x)
+    s = x[0] - x[0]
+    for i in range(n):
+        e[i] = _exp(_rd(x[i] - m, code), code)
+        s = _rd(s + e[i], code)
+    y = np.empty_like(x)
+    for i in range(n):
+        y[i] = _rd(e[i] / s, code)
+    return y
+
+
+@numba.njit(cache=True)
+def _finish_div(x, m, d, code):
+    y = np.empty_like(x)
+    for i in range(x.size):
+        y[i] = _rd(_exp(_rd(x[i] - m, code), code) / d, code)
+    return y
+
+
+@numba.njit(cache=True)
+def _two_pass(x, code):
+    m = x[0]
+    d = _exp(x[0] - x[0], code)
+    for j in range(1, x.size):
+        mn = x[j] if x[j] > m else m
+        d = _rd(_rd(d * _exp(_rd(m - mn, code), code), code)
+                + _exp(_rd(x[j] - mn, code), code), code)
+        m = mn
+    return _finish_div(x, m, d, code)
+
+
+@numba.njit(cache=True)
+def _online(x, code):
+    m = x[0]
+    one = _exp(x[0] - x[0], 0)  # exp(0) = 1 exactly, typed like x
+    d = one
+    for j in range(1, x.size):
+        if x[j] > m:
+            d = _rd(_rd(d * _exp(_rd(m - x[j], code), code), code) + one, code)
+            m = x[j]
+        else:
+            d = _rd(d + _exp(_rd(x[j] - m, code), code), code)
+    r = _rd(one / d, code)
+    y = np.empty_like(x)
+    for i in range(x.size):
+        y[i] = _rd(_exp(_rd(x[i] - m, code), code) * r, code)
+    return y
+
+
+@numba.njit(cache=True)
+def _blocked(x, code, block):
+    n = x.size
+    big_m = x[0]
+    dd = x[0] - x[0]
+    first = True
+    for b0 in range(0, n, block):
+        b1 = min(n, b0 + block)
+        mb = x[b0]
+        for i in range(b0 + 1, b1):
+            if x[i] > mb:
+                mb = x[i]
+        sb = x[0] - x[0]
+        for i in range(b0, b1):
+            sb = _rd(sb + _exp(_rd(x[i] - mb, code), code), code)
+        if first:
+            big_m, dd, first = mb, sb, False
+        else:
+            mn = mb if mb > big_m else big_m
+            dd = _rd(_rd(dd * _exp(_rd(big_m - mn, code), code), code)
+                     + _rd(sb * _exp(_rd(mb - mn, code), code), code), code)
+            big_m = mn
+    return _finish_div(x, big_m, dd, code)
+
+
+@numba.njit(cache=True)
+def _tree(x, code):
+    n = x.size
+    ms = x.copy()
+    ss = np.empty_like(x)
+    for i in range(n):
+        ss[i] = 1
+    k = n
+    while k > 1:
+        h = k // 2
+        for i in range(h):
+            ma, mb = ms[2 * i], ms[2 * i + 1]
+            mm = ma if ma > mb else mb
+            sa = _rd(ss[2 * i] * _exp(_rd(ma - mm, code), code), code)
+            sb = _rd(ss[2 * i + 1] * _exp(_rd(mb - mm, code), code), code)
+            ms[i] = mm
+            ss[i] = _rd(sa + sb, code)
+        if k % 2 == 1:
+            ms[h] = ms[k - 1]
+            ss[h] = ss[k - 1]
+            h += 1
+        k = h
+    return _finish_div(x, ms[0], ss[0], code)
+
+
+def softmax(x, algorithm: str = "three_pass", dtype: str = "float32", block: int = 128):
+    """Softmax of the 1-D score vector x, computed by ``algorithm`` in ``dtype`` arithmetic.
+
+    x is first rounded to ``dtype`` (the result is the softmax of the rounded input). Returns
+    an array of that dtype (float16 as np.float16; bfloat16 as float32 holding bfloat16 values).
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    _check_dtype(dtype)
+    x = np.asarray(x)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"x must be a non-empty 1-D array, got shape {x.shape}")
+    if not np.all(np.isfinite(np.asarray(x, dtype=np.float64))):
+        raise ValueError("x must be finite (no NaN or inf)")
+    if int(block) < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    xr = round_array(x, dtype)
+    if not np.all(np.isfinite(xr)):
+        raise ValueError(f"x overflows {dtype}")
+    code = _CODE[dtype]
+    if algorithm == "three_pass":
+        y = _three_pass(xr, code)
+    elif algorithm == "two_pass":
+        y = _two_pass(xr, code)
+    elif algorithm == "online":
+        y = _online(xr, code)
+    elif algorithm == "blocked":
+        y = _blocked(xr, code, int(block))
+    else:
+        y = _tree(xr, code)
+    if dtype == "float16":
+        return y.astype(np.float16)
+    return y
+
+
+# ----------------------------------------------------------------------------- error bound
+@dataclass(frozen=True)
+class ErrorBound:
+    """|p_hat_i - p_i| <= rel * p_i + abs_floor for every i and every admissible input.
+
+    p is the exact softmax of the input as rounded to ``dtype``. Admissible: finite, length n,
+    and (when ``score_range`` is set) max(x) - min(x) <= score_range.
+    """
+
+    n: int
+    algorithm: str
+    dtype: str
+    block: int | None
+    rel: float
+    abs_floor: float
+    score_range: float | None
+    u: float
+    exp_ulps: float
+    sum_roundings: int  # K_u: most roundings any term of the normaliser passes through
+    sum_exps: int  # K_e: most exp evaluations any term of the normaliser passes through
+    assumptions: str
+    arg_factor: float = math.inf  # B_hi: multiplies the per-entry exp-argument term
+    underflow_floor: float = math.inf  # the part of abs_floor due to underflow alone
+
+    def elementwise(self, x_rounded, p) -> np.ndarray:
+        """The sharper per-entry form of the same proof (step 3 of :func:`error_bound`):
+        |p_hat_i - p_i| <= rel_core p_i + B min(p_i (e^{u d_i} - 1), g_max) + underflow_floor,
+        d_i = max x - x_i. Valid without a score range; returns the bound per entry."""
+        x = np.asarray(x_rounded, dtype=np.float64)
+        p = np.asarray(p, dtype=np.float64)
+        d = (x.max() - x) * (1 + 2.0 ** -50)
+        g_max = self.u / ((1 - self.u) * math.e)
+        with np.errstate(over="ignore", invalid="ignore"):
+            arg = np.minimum(p * np.expm1(self.u * d), g_max)
+        return self.rel_core * p + self.arg_factor * arg + self.underflow_floor
+
+    @property
+    def rel_core(self) -> float:
+        """rel without the score-range term (equal to rel when score_range is None)."""
+        if self.score_range is None or not math.isfinite(self.rel):
+            return self.rel
+        return _up(self.rel - self.arg_factor * math.expm1(self.u * self.score_range))
+
+    @property
+    def rel_in_u(self) -> float:
+        return self.rel / self.u
+
+
+def _up(v: float) -> float:
+    """Round a float64 bound upward by a safe margin (covers the float64 evaluation error)."""
+    return float(np.nextafter(v * (1 + 2.0 ** -40), np.inf)) if math.isfinite(v) else v
+
+
+def _counts(n: int, algorithm: str, block: int) -> tuple[int, int, int, int]:
+    """(K_u, K_e, rescale steps, output roundings) for the normaliser S of each algorithm.
+
+    K_u / K_e: the largest number of rounded additions-or-multiplications / exp evaluations
+    that any single term e^{x_j - m} passes through on its way into S.
+    """
+    if algorithm == "three_pass":  # any summation order: each term sees <= n-1 additions
+        return n - 1, 1, 0, 1
+    if algorithm in ("two_pass", "online"):
+        # every step multiplies the running sum by a computed exp and adds: (1+u_e)(1+u)^2;
+        # the first term sees n-1 such steps (plus its own exp in two_pass).
+        return 2 * (n - 1), n, n - 1, (1 if algorithm == "two_pass" else 2)
+    if algorithm == "blocked":
+        nb = -(-n // block)
+        return (min(block, n) - 1) + 2 * (nb - 1), 1 + (nb - 1), 2 * (nb - 1), 1
+    depth = math.ceil(math.log2(n)) if n > 1 else 0
+    return 2 * depth, depth, 2 * (n - 1), 1
+
+
+def error_bound(
+    n: int,
+    algorithm: str = "three_pass",
+    dtype: str = "float32",
+    block: int = 128,
+    score_range: float | None = None,
+    exp_ulps: float | None = None,
+) -> ErrorBound:
+    """Rigorous componentwise bound on the computed softmax of any finite input of length n.
+
+    Derivation (standard model, m = max x exact, d_j = m - x_j >= 0, Z = Σ e^{-d_j} >= 1):
+
+    1. Every exp argument is a rounded difference, so the computed algorithm equals exact-
+       argument arithmetic on a perturbed input x'_j = x_j + θ_j with |θ_j| <= u d_j (for the
+       sequential/tree algorithms the rescale arguments telescope: Σ|m_k - m_{k-1}| <= d_j).
+       Mean value theorem on log Σ e^{x}: |ln Z' - ln Z| <= u sup_t E_{p(t)}[d] <= u L with
+       L = min(ln n / (1 - u), R), because E_p[max - x] = H(p) - ln Z <= ln n.
+    2. Every other operation multiplies a term by (1 + δ) or (1 + ε): S_hat / Z' lies in
+       [(1-u)^{K_u}(1-u_e)^{K_e}, (1+u)^{K_u}(1+u_e)^{K_e}] up to an absolute underflow term
+       η_S (exp outputs below the normal range: k q each; rescaled sums: one q per step).
+    3. y_i = exp_hat(x_i - m)(1+δ)^{k_out} / S_hat. Writing p_i e^{θ_i} B - p_i
+       = p_i (B - 1) + p_i (e^{θ_i} - 1) B: the first part gives ``rel``; the second is
+       <= B p_i (e^{uR} - 1) with a score range R, and otherwise <= B max_d e^{-d}(e^{ud} - 1)
+       <= B u / ((1-u) e), which goes into ``abs_floor`` (this is the only place where an
+       unbounded input range costs anything: entries far below the max lose relative accuracy
+       u d_i, but their probability e^{-d_i} is tiny).
+    Constants are evaluated in float64 and rounded upward. ``rel`` is inf when K_u u >= 1.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    fmt = _check_dtype(dtype)
+    if int(n) != n or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n}")
+    n = int(n)
+    if int(block) < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    if score_range is not None and not (score_range >= 0 and math.isfinite(score_range)):
+        raise ValueError(f"score_range must be finite and >= 0, got {score_range}")
+    k = EXP_ULPS[dtype] if exp_ulps is None else float(exp_ulps)
+    if not k >= 0:
+        raise ValueError(f"exp_ulps must be >= 0, got {exp_ulps}")
+    u = fmt.u
+    ue = 2 * k * u
+    q = fmt.q
+    K_u, K_e, steps, k_out = _counts(n, algorithm, int(block))
+    # Step 1: argument rounding, through the normaliser.
+    L = math.log(n) / (1 - u) if n > 1 else 0.0
+    if score_range is not None:
+        L = min(L, float(score_range))
+    # Step 2: products (computed with log1p so huge K stay accurate).
+    if K_u * u >= 1 or K_e * ue >= 1:
+        rel = math.inf
+        return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
+                          math.inf, math.inf, score_range, u, k, K_u, K_e, _ASSUME)
+    P_hi = math.exp(K_u * math.log1p(u) + K_e * math.log1p(ue))
+    P_lo = math.exp(K_u * math.log1p(-u) + K_e * math.log1p(-ue))
+    eta_e = k * q  # absolute error of one exp in the subnormal range
+    # underflow: every exp term (n), every rescale exp times a running sum <= n P_hi, and one
+    # subnormal product per step; all of it measured against Z >= 1.
+    eta_S = P_hi * (n * eta_e + steps * (n * P_hi * eta_e + q))
+    S_hi = math.exp(u * L) * P_hi + eta_S
+    S_lo = math.exp(-u * L) * P_lo - eta_S
+    if S_lo <= 0:
+        return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
+                          math.inf, math.inf, score_range, u, k, K_u, K_e, _ASSUME)
+    # Step 3: the output.
+    B_hi = (1 + ue) * (1 + u) ** k_out / S_lo
+    B_lo = (1 - ue) * (1 - u) ** k_out / S_hi
+    rel = max(B_hi - 1, 1 - B_lo)
+    g_max = u / ((1 - u) * math.e)
+    under = (eta_e * (1 + u) ** k_out) / S_lo + k_out * q * (1 + ue) * 2
+    abs_floor = under
+    if score_range is not None:
+        rel += B_hi * math.expm1(u * float(score_range))
+    else:
+        abs_floor += B_hi * g_max
+    return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
+                      _up(rel), _up(abs_floor), score_range, u, k, K_u, K_e, _ASSUME,
+                      _up(B_hi), _up(under))
+
+
+_ASSUME = ("standard model with gradual underflow (round-to-nearest, no flush-to-zero); "
+           "exp accurate to exp_ulps ulp (measured, see measure_exp_ulps); input rounded to "
+           "dtype first; any summation order within a tile/pass")
+
+
+# ----------------------------------------------------------------------------- oracles
+def reference_softmax(x, dps: int = 50) -> np.ndarray:
+    """Exact softmax of the (already rounded) input, evaluated by mpmath at ``dps`` digits."""
+    import mpmath
+
+    x = np.asarray(x, dtype=np.float64)
+    with mpmath.workdps(dps):
+        m = max(mpmath.mpf(float(v)) for v in x)
+        e = [mpmath.exp(mpmath.mpf(float(v)) - m) for v in x]
+        s = mpmath.fsum(e)
+        return np.array([float(v / s) for v in e])
+
+
+def reference_softmax_fast(x) -> np.ndarray:
+    """Softmax in float64 with an exactly rounded sum (math.fsum): relative error <= ~4e-16.
+
+    Used when mpmath is too slow (n >= 1e4). Each e^{x-m} in float64 has error <= 1 ulp
+    (glibc), the sum is correctly rounded, and the division adds one rounding, so the
+    reference is accurate to ~4 * 2^-53 relative -- 10^8 times below float32's u.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - x.max())
+    return e / math.fsum(e.tolist())
+
+
+def measured_error(y_hat, x_rounded, reference=None):
+    """Max over i of |p_hat_i - p_i| and of |p_hat_i - p_i| / p_i (entries with p_i > 0)."""
+    p = reference_softmax_fast(x_rounded) if reference is None else reference
+    yh = np.asarray(y_hat, dtype=np.float64)
+    err = np.abs(yh - p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(p > 0, err / p, 0.0)
+    return float(err.max()), float(rel.max()), p
+
+
+@numba.njit(cache=True)
+def _exp_grid_f32(t):
+    out = np.empty_like(t)
+    for i in range(t.size):
+        out[i] = math.exp(t[i])
+    return out
+
+
+def measure_exp_ulps(dtype: str, points: int = 200_001, lo: float | None = None,
+                     hi: float | None = None, dps: int = 30) -> float:
+    """Max |exp_hat(t) - e^t| / ulp(e^t) of the exp used by :func:`softmax`, against mpmath.
+
+    float16/bfloat16: every representable t in [lo, hi] (exhaustive). float32/float64: a
+    dense uniform grid of ``points`` values rounded to the format, plus the endpoints.
+    ulp(y) is the spacing of the format at the exact y (the subnormal quantum below tiny).
+    """
+    import mpmath
+
+    fmt = _check_dtype(dtype)
+    th = thresholds(dtype)
+    lo = th.exp_underflow_to_zero if lo is None else lo
+    hi = th.exp_overflow if hi is None else hi
+    if dtype in ("float16", "bfloat16"):
+        if dtype == "float16":
+            allv = np.arange(2 ** 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+        else:
+            allv = (np.arange(2 ** 16, dtype=np.uint32) << 16).view(np.float32)
+        t = allv[np.isfinite(allv) & (allv >= lo) & (allv <= hi)]
+    else:
+        t = round_array(np.linspace(lo, hi, points), dtype)
+    t = np.unique(t)
+    code = _CODE[dtype]
+    y = _exp_vec(t, code).astype(np.float64)
+    worst = 0.0
+    with mpmath.workdps(dps):
+        for ti, yi in zip(t.tolist(), y.tolist()):
+            ex = mpmath.exp(mpmath.mpf(ti))
+            if ex > fmt.max:
+                continue
+            e2 = int(mpmath.floor(mpmath.log(ex, 2))) if ex > 0 else fmt.emin
+            ulp = mpmath.mpf(2) ** (max(e2, fmt.emin) - fmt.p + 1)
+            worst = max(worst, float(abs(mpmath.mpf(yi) - ex) / ulp))
+    return worst
+
+
+@numba.njit(cache=True)
+def _exp_vec(t, code):
+    out = np.empty_like(t)
+    for i in range(t.size):
+        out[i] = _exp(t[i], code)
+    return out
+
+
+# ----------------------------------------------------------------------------- thresholds
+@dataclass(frozen=True)
+class Thresholds:
+    """Input thresholds of exp (round-to-nearest) and softmax overflow limits of a format.
+
+    exp(x) is +inf for x > exp_overflow; subnormal for x < exp_subnormal (this is also where a
+    flush-to-zero unit returns 0); rounds to 0 for x <= exp_underflow_to_zero. An unshifted
+    softmax (exp of raw scores) overflows once max score > exp_overflow and returns 0/0 when
+    every score is <= exp_underflow_to_zero, so its safe score window has width
+    ``unshifted_range``. ``n_sum_stagnates``: a sequential sum of ones stops growing after this
+    many terms (2^p). ``n_sum_finite``: the largest n whose exactly rounded sum of n maximal
+    shifted terms (1 each, so the value n) is finite -- reachable by a pairwise sum.
+    """
+
+    dtype: str
+    exp_overflow: float
+    exp_subnormal: float
+    exp_underflow_to_zero: float
+    ftz_zero: float
+    unshifted_range: float
+    n_sum_stagnates: int
+    n_sum_finite: int
+    max_finite: float
+    method: str = "mpmath at 40 digits: ln(max + ulp/2), ln(2^emin), ln(q/2) of the format"
+
+
+def thresholds(dtype: str) -> Thresholds:
+    """Exact exp thresholds of ``dtype`` derived with mpmath (see :class:`Thresholds`)."""
+    import mpmath
+
+    fmt = _check_dtype(dtype)
+    with mpmath.workdps(40):
+        big = mpmath.mpf(2) ** fmt.emax * (2 - mpmath.mpf(2) ** (-fmt.p))  # max + ulp/2
+        over = mpmath.log(big)
+        sub = mpmath.log(mpmath.mpf(2) ** fmt.emin)
+        zero = mpmath.log(mpmath.mpf(2) ** (fmt.emin - fmt.p))  # half the smallest subnormal
+        over_f, sub_f, zero_f = float(over), float(sub), float(zero)
+        n_fin = int(mpmath.ceil(big)) - 1  # n < max + ulp/2 rounds to a finite value
+    return Thresholds(dtype, over_f, sub_f, zero_f, sub_f, over_f - zero_f, 2 ** fmt.p,
+                      n_fin, fmt.max)
+
+
+def unshifted_max_score(n: int, dtype: str) -> float:
+    """Largest common score s such that n e^s stays below the overflow boundary: ln(Ω'/n)."""
+    th = thresholds(dtype)
+    return th.exp_overflow - math.log(n)
+
+
+# ----------------------------------------------------------------------------- stress inputs
+def stress_inputs(n: int, rng: np.random.Generator, kinds=None) -> dict[str, np.ndarray]:
+    """Random and adversarial score vectors of length n (float64; round before use).
+
+    random10: randn*10; ascending: sorted randn*10 (a rescale at every step); ramp: an
+    ascending arithmetic progression with step 1/64 (the same rescale factor, with the same
+    rounding error, applied at every step); equal: all zero but one 1e-3 bump; const_stress:
+    x_0 = 1, the rest 0 (n-1 equal terms e^-1 summed sequentially); wide: uniform on
+    [-1e4, 1e4] with the max placed last (huge dynamic range, subnormal and zero exps).
+    """
+    out = {}
+    kinds = kinds or ("random10", "ascending", "ramp", "equal", "const_stress", "wide")
+    for k in kinds:
+        if k == "random10":
+            out[k] = rng.standard_normal(n) * 10
+        elif k == "ascending":
+            out[k] = np.sort(rng.standard_normal(n) * 10)
+        elif k == "ramp":
+            out[k] = np.arange(n, dtype=np.float64) / 64.0
+        elif k == "equal":
+            x = np.zeros(n)
+            x[n // 2] = 1e-3
+            out[k] = x
+        elif k == "const_stress":
+            x = np.zeros(n)
+            x[0] = 1.0
+            out[k] = x
+        elif k == "wide":
+            x = rng.uniform(-1e4, 1e4, n)
+            x[-1] = 1e4 + 1
+            out[k] = x
+        else:
+            raise ValueError(f"unknown stress kind {k!r}")
+    return out
+
+
+def bound_violation(y_hat, p, bound: ErrorBound) -> float:
+    """max_i |p_hat_i - p_i| / (rel p_i + abs_floor): > 1 means the bound is violated."""
+    if not math.isfinite(bound.rel):
+        return 0.0  # a vacuous bound cannot be violated
+    err = np.abs(np.asarray(y_hat, dtype=np.float64) - p)
+    return float(np.max(err / (bound.rel * p + bound.abs_floor)))
+
+
+def elementwise_violation(y_hat, x_rounded, p, bound: ErrorBound) -> float:
+    """max_i |p_hat_i - p_i| / (per-entry bound): > 1 means the sharper form is violated."""
+    if not math.isfinite(bound.rel):
+        return 0.0
+    err = np.abs(np.asarray(y_hat, dtype=np.float64) - p)
+    return float(np.max(err / bound.elementwise(x_rounded, p)))
+
+
+def needed_rel(y_hat, x_rounded, p, bound: ErrorBound) -> float:
+    """Smallest rel' with |p_hat_i - p_i| <= rel' p_i + (per-entry argument and underflow
+    terms of the proof) for all i: the measured counterpart of the core ``rel``."""
+    err = np.abs(np.asarray(y_hat, dtype=np.float64) - p)
+    if math.isfinite(bound.rel):
+        floor = bound.elementwise(x_rounded, p) - bound.rel_core * p
+    else:
+        floor = np.zeros_like(p)
+    excess = np.maximum(err - floor, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(p > 0, excess / p, np.where(excess > 0, np.inf, 0.0))
+    return float(r.max())
