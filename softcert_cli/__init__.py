@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "topk-bench": ("kernels.bench_topk", "throughput of the top-k certificate kernels vs torch.sort"),
     "fp": ("analysis.fp_report", "proven FP softmax error bounds vs worst measured errors, thresholds"),
     "stability": ("analysis.stability_report", "softmax feedback stability thresholds and sharpness demos"),
+    "certify": ("certify.cli", "certified accuracy of zoo attention models (IBP/CROWN/Vertex/auto_LiRPA)"),
 }
 
 

@@ -1,0 +1,246 @@
+"""Linear bound propagation over a ``Graph``: IBP, CROWN and alpha-CROWN.
+
+The algorithm is generic; what each primitive contributes comes from the registries
+``operators.adjoint`` (affine maps), ``relaxations.UNARY`` and ``relaxations.PRODUCT``.
+CROWN (Zhang et al. 2018, Shi et al. 2020 for attention): for a target node t and
+coefficients A, A·x_t >= bias + A_in·x_in is built backward through the nodes, each
+nonlinear node replaced by the plane on the safe side of the sign of its coefficient, then
+concretised over the input box. Intermediate bounds are computed node by node in
+topological order (CROWN for every input of a nonlinear node, intersected with IBP), then
+the final specification. Upper bounds are lower bounds of -A (specs are batched [I; -I]).
+
+Arithmetic: float64 without directed rounding; every concretised bound is widened by a
+relative 1e-9 (``SLACK``), far above the accumulated float64 error of these small sums but
+not a proof of it. Vertex-Softmax terms (``bounds.vertex_softmax``) are rounded outward.
+"""
+from __future__ import annotations
+
+import torch
+
+from bounds import vertex_softmax
+from certify import operators as ops
+from certify.graph import LINEAR_OPS, PRODUCT_OPS, UNARY_OPS
+from certify.relaxations import INTERVAL, PRODUCT, PRODUCT_INTERVAL, UNARY
+
+SLACK = 1e-9
+ELEMENT_BUDGET = 2**23  # elements of one coefficient tensor: bounds the spec chunk size
+
+
+def _widen_lower(v):
+    v = torch.nan_to_num(v, nan=-torch.inf)  # NaN from overflowed bounds: no information
+    return v - SLACK * (1 + v.abs())
+
+
+class BoundState:
+    """Bounds (l, u) of every node for one batch of input boxes, plus softmax shifts."""
+
+    def __init__(self, graph, xl, xu):
+        self.g = graph
+        self.bounds = {0: (xl, xu)}
+        self.consts = {}
+        self.batch = xl.shape[0]
+
+
+# ---------------------------------------------------------------- interval propagation
+def _affine_radius(node, r):
+    op, p = node.op, node.params
+    if op == "linear":
+        return r @ p["W"].abs().T
+    if op == "scale":
+        return r * abs(p["factor"])
+    if op == "center":
+        # x_i - mean(x): |coefficients| sum to r_i (1 - 2/n) + mean(r)
+        return r * (1 - 2 / r.shape[-1]) + r.mean(-1, keepdim=True)
+    if op == "bias":
+        return r
+    if op == "prepend":
+        return torch.cat([torch.zeros_like(r[:, :1]), r], dim=1)
+    if op == "mean_last":
+        return r.mean(-1, keepdim=True)
+    return ops.forward(node, [r])
+
+
+def ibp_node(state, i):
+    node = state.g.nodes[i]
+    ins = [state.bounds[j] for j in node.inputs]
+    if node.op in UNARY_OPS:
+        return INTERVAL[node.op](*ins[0])
+    if node.op in PRODUCT_OPS:
+        return PRODUCT_INTERVAL[node.op](ins[0], ins[1])
+    if node.op == "add":
+        return ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]
+    (l, u), = ins
+    if node.op == "softmax_shift":
+        idx = state.consts[i]
+        lo, hi = l - u.gather(-1, idx), u - l.gather(-1, idx)
+        zero = torch.zeros_like(idx, dtype=l.dtype)
+        return lo.scatter(-1, idx, zero), hi.scatter(-1, idx, zero)
+    mid = ops.forward(node, [(l + u) / 2], state.consts.get(i))
+    rad = _affine_radius(node, (u - l) / 2)
+    return mid - rad, mid + rad
+
+
+# ---------------------------------------------------------------- backward propagation
+def backward(state, target, A, *, alphas=None, vertex_pv=()):
+    """Lower bound (B, S) of A·x_target over the input box. ``A``: (B, S, *shape).
+
+    ``alphas``: node id -> ReLU lower slopes (B, S, *shape). ``vertex_pv``: ids of P·V
+    nodes whose term is bounded by Vertex-Softmax instead of McCormick planes."""
+    g = state.g
+    coef = {target: A}
+    bias = A.new_zeros(A.shape[:2])
+    for i in range(target, -1, -1):
+        if i not in coef:
+            continue
+        Ai, node = coef.pop(i), g.nodes[i]
+        if node.op == "input":
+            xl, xu = state.bounds[0]
+            lo = bias + ops.sum_rest(Ai.clamp(min=0) * xl.unsqueeze(1) + Ai.clamp(max=0) * xu.unsqueeze(1))
+            return _widen_lower(lo)
+        if node.op in UNARY_OPS:
+            l, u = state.bounds[node.inputs[0]]
+            alpha = None if alphas is None else alphas.get(i)
+            lw, lb, uw, ub = UNARY[node.op](l.unsqueeze(1), u.unsqueeze(1), alpha)
+            ap, an = Ai.clamp(min=0), Ai.clamp(max=0)
+            new, b = [ap * lw + an * uw], ops.sum_rest(ap * lb + an * ub)
+        elif node.op in PRODUCT_OPS:
+            if i in vertex_pv:
+                bias = bias + vertex_pv_term(state, i, Ai)
+                continue
+            x, y = node.inputs
+            new, b = PRODUCT[node.op](Ai, state.bounds[x], state.bounds[y],
+                                      g.nodes[x].shape, g.nodes[y].shape)
+        else:
+            new, b = ops.adjoint(node, Ai, state.consts.get(i))
+        bias = bias + b
+        for j, a in zip(node.inputs, new):
+            coef[j] = coef[j] + a if j in coef else a
+    raise RuntimeError("backward: the target does not depend on the input")
+
+
+def vertex_pv_term(state, pv, A):
+    """min over the score and value boxes of A·(P V), decoupled through the simplex:
+    Σ_i Σ_k p_ik (Σ_d A_id v_kd) >= Σ_i min_{s_i in box} Σ_k softmax(s_i)_k c_ik with
+    c_ik = min_{v in box} Σ_d A_id v_kd (p >= 0), each row solved exactly (Vertex-Softmax)."""
+    att = next(a for a in state.g.attention if a["pv"] == pv)
+    vl, vu = (t.unsqueeze(1) for t in state.bounds[att["values"]])
+    yl, yu = (t.unsqueeze(1) for t in state.bounds[att["shifted"]])
+    ap, an = A.clamp(min=0), A.clamp(max=0)
+    c = ap @ vl.transpose(-1, -2) + an @ vu.transpose(-1, -2)
+    c = _widen_lower(c)
+    low = vertex_softmax(c, yl.expand_as(c), yu.expand_as(c)).lower
+    return ops.sum_rest(low)
+
+
+def crown_node(state, i):
+    """CROWN bounds of node i: specs [I; -I], chunked to stay within ELEMENT_BUDGET."""
+    shape = state.g.nodes[i].shape
+    m = int(torch.tensor(shape).prod())
+    widest = max(int(torch.tensor(n.shape).prod()) for n in state.g.nodes[: i + 1])
+    chunk = max(1, ELEMENT_BUDGET // (state.batch * widest))
+    eye = torch.eye(m, dtype=torch.float64)
+    spec = torch.cat([eye, -eye])
+    out = []
+    for s in range(0, 2 * m, chunk):
+        A = spec[s: s + chunk].reshape(-1, *shape).unsqueeze(0).expand(state.batch, -1, *shape)
+        out.append(backward(state, i, A))
+    lo = torch.cat(out, 1)
+    return lo[:, :m].reshape(-1, *shape), -lo[:, m:].reshape(-1, *shape)
+
+
+MONOTONE = {"exp", "reciprocal", "rsqrt", "relu"}
+
+
+def _needs_bounds(graph):
+    """Inputs of nonlinear nodes get CROWN bounds, except outputs of monotone elementwise
+    maps: there the image of the input's bounds (IBP) is exact and CROWN cannot beat it."""
+    need = set()
+    for n in graph.nodes:
+        if n.op in UNARY_OPS or n.op in PRODUCT_OPS:
+            need.update(j for j in n.inputs if graph.nodes[j].op not in MONOTONE)
+    return need
+
+
+def _domain(node, l, u):
+    # NaN only arises from overflowed interval arithmetic (inf - inf, 0·inf): no information
+    l, u = torch.nan_to_num(l, nan=-torch.inf), torch.nan_to_num(u, nan=torch.inf)
+    if node.op in ("exp", "relu", "square"):
+        l = l.clamp(min=0)
+    if node.name.endswith(".probs"):
+        l, u = l.clamp(0, 1), u.clamp(0, 1)
+    return l, torch.maximum(l, u)
+
+
+def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None):
+    """Bounds of every node. crown=False: IBP only. vertex=True: softmax probabilities and
+    attention outputs are also intersected with their exact Vertex-Softmax intervals.
+    ``anchor``: the input point (default: the box centre) whose winning key j* per attention
+    row is subtracted from the scores (any choice is exact; it only changes tightness)."""
+    state = BoundState(graph, xl, xu)
+    need = _needs_bounds(graph) if crown else set()
+    att_of = {a["probs"]: a for a in graph.attention} | {a["pv"]: a for a in graph.attention}
+    centre = [(xl + xu) / 2 if anchor is None else anchor]
+    for node in graph.nodes[1:]:
+        centre.append(ops.forward(node, [centre[j] for j in node.inputs]))
+    for i in range(1, len(graph.nodes)):
+        node = graph.nodes[i]
+        if node.op == "softmax_shift":
+            # subtract the score of the key that wins at the box centre: differences of
+            # scores get tight CROWN bounds, and y_j* = 0 keeps the exp-sum >= 1
+            state.consts[i] = centre[node.inputs[0]].argmax(-1, keepdim=True)
+        l, u = ibp_node(state, i)
+        if i in need:
+            cl, cu = crown_node(state, i)
+            l, u = torch.maximum(l, cl), torch.minimum(u, cu)
+        if vertex and i in att_of:
+            vl, vu = _vertex_interval(state, att_of[i], i)
+            l, u = torch.maximum(l, vl), torch.minimum(u, vu)
+        state.bounds[i] = _domain(node, l, u)
+    return state
+
+
+def _vertex_interval(state, att, i):
+    yl, yu = state.bounds[att["shifted"]]
+    if i == att["probs"]:
+        n = yl.shape[-1]
+        c = torch.eye(n, dtype=yl.dtype)  # row i picks p_i: exact elementwise interval
+        r = vertex_softmax(c, yl.unsqueeze(-2), yu.unsqueeze(-2))
+        return r.lower, r.upper
+    vl, vu = state.bounds[att["values"]]
+    # o_id in [min_s Σ_k p_k vl_kd, max_s Σ_k p_k vu_kd], rows (i, d) over keys k
+    lo = vertex_softmax(vl.transpose(-1, -2).unsqueeze(-3), yl.unsqueeze(-2), yu.unsqueeze(-2)).lower
+    hi = vertex_softmax(vu.transpose(-1, -2).unsqueeze(-3), yl.unsqueeze(-2), yu.unsqueeze(-2)).upper
+    return lo, hi
+
+
+def ibp_lower(state, C):
+    """IBP lower bound of C·z from the logit interval."""
+    l, u = state.bounds[state.g.output]
+    return _widen_lower(ops.sum_rest(C.clamp(min=0) * l.unsqueeze(1) + C.clamp(max=0) * u.unsqueeze(1)))
+
+
+def alpha_crown(state, C, iterations=20, lr=0.1):
+    """CROWN with the ReLU lower slopes of the final specification optimised by Adam
+    (Xu et al. 2021); every slope in [0, 1] gives a sound bound, the best per row is kept."""
+    relus = [i for i, n in enumerate(state.g.nodes) if n.op == "relu"]
+    best = backward(state, state.g.output, C)
+    if not relus:
+        return best
+    alphas = {}
+    for i in relus:
+        l, u = state.bounds[state.g.nodes[i].inputs[0]]
+        init = (u > -l).to(l.dtype).unsqueeze(1).expand(-1, C.shape[1], *l.shape[1:])
+        alphas[i] = init.clone().requires_grad_(True)
+    opt = torch.optim.Adam(list(alphas.values()), lr=lr)
+    for _ in range(iterations):
+        lo = backward(state, state.g.output, C, alphas={k: a.clamp(0, 1) for k, a in alphas.items()})
+        best = torch.maximum(best, lo.detach())
+        opt.zero_grad()
+        (-lo.sum()).backward()
+        opt.step()
+        with torch.no_grad():
+            for a in alphas.values():
+                a.clamp_(0, 1)
+    with torch.no_grad():
+        lo = backward(state, state.g.output, C, alphas=alphas)
+    return torch.maximum(best, lo)

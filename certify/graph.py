@@ -1,0 +1,119 @@
+"""The model as a list of primitive operations, built module by module (no graph parsing).
+
+Each ``ViT`` submodule is lowered to a few primitive nodes in topological order:
+linear/affine maps (Linear, positional and class-token constants, head split/merge,
+transpose, scaling, sums, means, pooling), unary nonlinearities (relu, exp, reciprocal,
+square, rsqrt) and two-input products (elementwise ``mul``, ``matmul``). Softmax is
+exp(y) · 1/Σexp(y) with y_j = s_j - s_j* for a per-row key j* (the argmax at the
+box centre; softmax is shift invariant, so any j* is exact, and y_j* = 0 keeps Σexp(y) >= 1); LayerNorm is centring, square, mean,
+rsqrt and a product. Shapes exclude the batch dimension.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from certify.models import ViT, check_supported
+
+LINEAR_OPS = {"input", "linear", "add", "bias", "prepend", "split_heads", "merge_heads",
+              "transpose", "scale", "softmax_shift", "sum_last", "mean_last", "center",
+              "mean_tokens", "select_token"}
+UNARY_OPS = {"relu", "exp", "reciprocal", "square", "rsqrt"}
+PRODUCT_OPS = {"mul", "matmul"}
+
+
+@dataclass
+class Node:
+    op: str
+    inputs: tuple
+    shape: tuple
+    params: dict = field(default_factory=dict)
+    name: str = ""
+
+
+class Graph:
+    """Nodes in topological order; node 0 is the input (flattened patches (N, C·p·p))."""
+
+    def __init__(self):
+        self.nodes: list[Node] = []
+        self.attention: list[dict] = []  # per block: ids of scores, probabilities, values, P·V
+
+    def add(self, op, inputs, shape, name="", **params):
+        self.nodes.append(Node(op, tuple(inputs), tuple(shape), params, name))
+        return len(self.nodes) - 1
+
+    @property
+    def output(self):
+        return len(self.nodes) - 1
+
+
+def _f64(t):
+    return t.detach().to(torch.float64)
+
+
+def _linear(g, x, lin: nn.Linear, name):
+    shape = g.nodes[x].shape[:-1] + (lin.out_features,)
+    b = None if lin.bias is None else _f64(lin.bias)
+    return g.add("linear", [x], shape, name, W=_f64(lin.weight), b=b)
+
+
+def _layer_norm(g, x, ln, name):
+    if isinstance(ln, nn.Identity):
+        return x
+    shape = g.nodes[x].shape
+    c = g.add("center", [x], shape, f"{name}.center")
+    sq = g.add("square", [c], shape, f"{name}.square")
+    var = g.add("mean_last", [sq], shape[:-1] + (1,), f"{name}.var", add=float(ln.eps), n=shape[-1])
+    rs = g.add("rsqrt", [var], shape[:-1] + (1,), f"{name}.rsqrt")
+    nrm = g.add("mul", [c, rs], shape, f"{name}.normed")
+    return g.add("linear", [nrm], shape, name, W=torch.diag(_f64(ln.weight)), b=_f64(ln.bias))
+
+
+def _attention(g, x, att, name):
+    n, d = g.nodes[x].shape
+    h, dh = att.heads, att.dim // att.heads
+    q = g.add("split_heads", [_linear(g, x, att.q, f"{name}.q")], (h, n, dh), f"{name}.qh", heads=h)
+    k = g.add("split_heads", [_linear(g, x, att.k, f"{name}.k")], (h, n, dh), f"{name}.kh", heads=h)
+    v = g.add("split_heads", [_linear(g, x, att.v, f"{name}.v")], (h, n, dh), f"{name}.vh", heads=h)
+    kt = g.add("transpose", [k], (h, dh, n), f"{name}.kT")
+    s0 = g.add("matmul", [q, kt], (h, n, n), f"{name}.qk")
+    s = g.add("scale", [s0], (h, n, n), f"{name}.scores", factor=1.0 / math.sqrt(dh))
+    y = g.add("softmax_shift", [s], (h, n, n), f"{name}.shifted")
+    e = g.add("exp", [y], (h, n, n), f"{name}.exp")
+    z = g.add("sum_last", [e], (h, n, 1), f"{name}.sum", n=n)
+    r = g.add("reciprocal", [z], (h, n, 1), f"{name}.recip")
+    p = g.add("mul", [e, r], (h, n, n), f"{name}.probs")
+    o = g.add("matmul", [p, v], (h, n, dh), f"{name}.pv")
+    g.attention.append(dict(scores=s, shifted=y, probs=p, values=v, pv=o))
+    m = g.add("merge_heads", [o], (n, d), f"{name}.merged", heads=h)
+    return _linear(g, m, att.o, f"{name}.out")
+
+
+def build_graph(model: ViT) -> Graph:
+    """Lower a supported ``ViT`` to primitive nodes (float64 parameters)."""
+    check_supported(model)
+    g = Graph()
+    c = model.image[0] * model.patch ** 2
+    t = g.add("input", [], (model.tokens, c), "patches")
+    t = _linear(g, t, model.embed, "embed")
+    if model.cls is not None:
+        t = g.add("prepend", [t], (model.tokens + 1, g.nodes[t].shape[-1]), "cls", token=_f64(model.cls))
+    t = g.add("bias", [t], g.nodes[t].shape, "pos", value=_f64(model.pos))
+    for i, blk in enumerate(model.blocks):
+        a = _attention(g, _layer_norm(g, t, blk.norm1, f"blocks.{i}.norm1"), blk.attn, f"blocks.{i}.attn")
+        t = g.add("add", [t, a], g.nodes[t].shape, f"blocks.{i}.res1")
+        f = _linear(g, _layer_norm(g, t, blk.norm2, f"blocks.{i}.norm2"), blk.fc1, f"blocks.{i}.fc1")
+        f = g.add("relu", [f], g.nodes[f].shape, f"blocks.{i}.relu")
+        f = _linear(g, f, blk.fc2, f"blocks.{i}.fc2")
+        t = g.add("add", [t, f], g.nodes[t].shape, f"blocks.{i}.res2")
+    t = _layer_norm(g, t, model.norm, "norm")
+    n, d = g.nodes[t].shape
+    if model.pool == "mean":
+        t = g.add("mean_tokens", [t], (d,), "pool", n=n)
+    else:
+        t = g.add("select_token", [t], (d,), "pool", index=0, n=n)
+    _linear(g, t, model.head, "head")
+    return g

@@ -1,0 +1,111 @@
+"""The supported model family: small ViT-style classifiers built from plain torch modules.
+
+x (B, C, H, W) in [0, 1] -> patches (B, N, C·p·p) -> patch Linear + positional embedding
+(stored as (N, d), an auto_LiRPA requirement) [+ class token] -> L blocks of
+x + MHSA(LN?(x)) then x + MLP(LN?(x)) (ReLU MLP) -> [LN] -> mean or class-token pooling ->
+Linear classifier. Every certifier in ``certify`` accepts exactly this family; anything else
+raises ValueError naming the offending layer (see ``check_supported``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: softmax(Q Kᵀ / sqrt(d_h)) V, heads merged, output Linear."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"heads: {heads} does not divide dim {dim}")
+        self.heads, self.dim = heads, dim
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+    def split(self, t):
+        b, n, _ = t.shape
+        return t.reshape(b, n, self.heads, self.dim // self.heads).transpose(1, 2)
+
+    def forward(self, x):
+        q, k, v = self.split(self.q(x)), self.split(self.k(x)), self.split(self.v(x))
+        scale = 1.0 / math.sqrt(self.dim // self.heads)
+        p = torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1)
+        o = (p @ v).transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
+        return self.o(o)
+
+
+class Block(nn.Module):
+    """x + attn(norm1(x)), then x + mlp(norm2(x)); norms are Identity unless layer_norm."""
+
+    def __init__(self, dim: int, heads: int, mlp: int, layer_norm: bool):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim) if layer_norm else nn.Identity()
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim) if layer_norm else nn.Identity()
+        self.fc1, self.relu, self.fc2 = nn.Linear(dim, mlp), nn.ReLU(), nn.Linear(mlp, dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.fc2(self.relu(self.fc1(self.norm2(x))))
+
+
+class ViT(nn.Module):
+    """ViT-style classifier; ``forward`` takes images, ``forward_patches`` flattened patches."""
+
+    def __init__(self, image=(1, 28, 28), patch=7, dim=32, heads=4, mlp=64, depth=1,
+                 classes=10, layer_norm=False, pool="mean"):
+        super().__init__()
+        c, h, w = image
+        if h % patch or w % patch:
+            raise ValueError(f"patch: {patch} does not divide the image size {h}x{w}")
+        if pool not in ("mean", "cls"):
+            raise ValueError(f"pool: expected 'mean' or 'cls', got {pool!r}")
+        self.config = dict(image=tuple(image), patch=patch, dim=dim, heads=heads, mlp=mlp,
+                           depth=depth, classes=classes, layer_norm=layer_norm, pool=pool)
+        self.image, self.patch, self.pool = tuple(image), patch, pool
+        self.tokens = (h // patch) * (w // patch)
+        self.embed = nn.Linear(c * patch * patch, dim)
+        n = self.tokens + (pool == "cls")
+        self.pos = nn.Parameter(0.02 * torch.randn(n, dim))
+        self.cls = nn.Parameter(torch.zeros(dim)) if pool == "cls" else None
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp, layer_norm) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim) if layer_norm else nn.Identity()
+        self.head = nn.Linear(dim, classes)
+
+    def patchify(self, x):
+        """(B, C, H, W) -> (B, N, C·p·p), patches in row-major order."""
+        b, c, h, w = x.shape
+        p = self.patch
+        x = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+        return x.reshape(b, (h // p) * (w // p), c * p * p)
+
+    def forward_patches(self, z):
+        t = self.embed(z)
+        if self.cls is not None:
+            t = torch.cat([self.cls.expand(t.shape[0], 1, -1), t], dim=1)
+        t = t + self.pos
+        for blk in self.blocks:
+            t = blk(t)
+        t = self.norm(t)
+        t = t.mean(dim=1) if self.pool == "mean" else t[:, 0]
+        return self.head(t)
+
+    def forward(self, x):
+        return self.forward_patches(self.patchify(x))
+
+
+_ALLOWED = (ViT, Block, Attention, nn.Linear, nn.ReLU, nn.LayerNorm, nn.Identity, nn.ModuleList)
+
+
+def check_supported(model: nn.Module) -> ViT:
+    """Return ``model`` if every submodule is in the supported family, else raise ValueError."""
+    if not isinstance(model, ViT):
+        raise ValueError(f"model: unsupported layer {type(model).__name__} (expected certify.ViT)")
+    for name, mod in model.named_modules():
+        if not isinstance(mod, _ALLOWED):
+            raise ValueError(f"model: unsupported layer {name!r} ({type(mod).__name__})")
+        if isinstance(mod, nn.LayerNorm) and not mod.elementwise_affine:
+            raise ValueError(f"model: unsupported layer {name!r} (LayerNorm without affine)")
+    return model

@@ -1,0 +1,92 @@
+"""Training recipes for the model zoo: standard and PGD-adversarial (Madry et al. 2018).
+
+Regenerate every committed checkpoint (about a few minutes on one CPU thread):
+    python -m certify.train --all
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from certify import data
+from certify.models import ViT
+
+ZOO_DIR = Path(__file__).with_name("zoo")
+
+#: name -> (dataset, model config, recipe)
+RECIPES = {
+    "mnist-vit1": ("mnist5k", dict(image=(1, 28, 28), patch=7, dim=32, heads=4, mlp=64, depth=1),
+                   dict(epochs=30, adv_eps=0.0)),
+    "mnist-vit1-pgd": ("mnist5k", dict(image=(1, 28, 28), patch=7, dim=32, heads=4, mlp=64, depth=1),
+                       dict(epochs=30, adv_eps=0.02)),
+    "mnist-vit2": ("mnist5k", dict(image=(1, 28, 28), patch=7, dim=32, heads=4, mlp=64, depth=2),
+                   dict(epochs=30, adv_eps=0.0)),
+    "mnist-vit1-cls-ln": ("mnist5k", dict(image=(1, 28, 28), patch=7, dim=32, heads=4, mlp=64,
+                                          depth=1, layer_norm=True, pool="cls"),
+                          dict(epochs=30, adv_eps=0.0)),
+    "digits-vit1": ("digits", dict(image=(1, 8, 8), patch=2, dim=16, heads=2, mlp=32, depth=1),
+                    dict(epochs=120, adv_eps=0.0)),
+}
+
+
+def _pgd_batch(model, x, y, eps, steps=5):
+    lo, hi = (x - eps).clamp(min=0), (x + eps).clamp(max=1)
+    xa = lo + (hi - lo) * torch.rand_like(x)
+    for _ in range(steps):
+        xa.requires_grad_(True)
+        (g,) = torch.autograd.grad(nn.functional.cross_entropy(model(xa), y), xa)
+        xa = torch.minimum(torch.maximum(xa.detach() + eps / 2 * g.sign(), lo), hi)
+    return xa.detach()
+
+
+def train(name: str, seed: int = 0, log=print) -> ViT:
+    dataset, cfg, recipe = RECIPES[name]
+    torch.manual_seed(seed)
+    xtr, ytr, xte, yte = getattr(data, dataset)()
+    model = ViT(**cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
+    epochs, adv = recipe["epochs"], recipe["adv_eps"]
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
+    for ep in range(epochs):
+        model.train()
+        perm = torch.randperm(len(xtr))
+        for i in range(0, len(xtr), 128):
+            xb, yb = xtr[perm[i:i + 128]], ytr[perm[i:i + 128]]
+            if adv:
+                xb = _pgd_batch(model, xb, yb, adv * min(1.0, 2 * (ep + 1) / epochs))
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        sched.step()
+    model.eval()
+    with torch.no_grad():
+        acc = (model(xte).argmax(1) == yte).float().mean().item()
+    log(f"{name}: test accuracy {acc:.3f}")
+    return model
+
+
+def save(name: str, model: ViT, directory: Path = ZOO_DIR):
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    cfg = dict(model.config)
+    cfg["image"] = list(cfg["image"])
+    torch.save({"config": cfg, "dataset": RECIPES[name][0], "state_dict": state},
+               directory / f"{name}.pt")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("names", nargs="*", help=f"any of {', '.join(RECIPES)}")
+    ap.add_argument("--all", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    for name in (list(RECIPES) if args.all else args.names):
+        save(name, train(name))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The model family, its lowering to primitive nodes, data loaders and the zoo."""
+import pytest
+import torch
+from torch import nn
+
+from certify import zoo
+from certify.data import digits, mnist_local
+from certify.graph import build_graph
+from certify import operators as ops
+from certify.models import ViT, check_supported
+
+
+def _graph_forward(g, z):
+    vals = [z]
+    for n in g.nodes[1:]:
+        vals.append(ops.forward(n, [vals[j] for j in n.inputs]))
+    return vals[-1]
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(depth=1), dict(depth=2, layer_norm=True, pool="cls"), dict(depth=1, pool="cls"),
+])
+def test_graph_matches_model(cfg):
+    torch.manual_seed(0)
+    m = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3, **cfg).double().eval()
+    x = torch.rand(5, 1, 4, 4, dtype=torch.float64)
+    g = build_graph(m)
+    torch.testing.assert_close(_graph_forward(g, m.patchify(x)), m(x), rtol=1e-12, atol=1e-12)
+
+
+def test_unsupported_layer_named():
+    m = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3)
+    m.blocks[0].relu = nn.GELU()
+    with pytest.raises(ValueError, match="blocks.0.relu"):
+        check_supported(m)
+    with pytest.raises(ValueError, match="Sequential"):
+        check_supported(nn.Sequential(nn.Linear(2, 2)))
+
+
+def test_zoo_loads_in_eval_mode_and_is_accurate():
+    names = zoo.names()
+    assert {"mnist-vit1", "mnist-vit2", "digits-vit1"} <= set(names)
+    m, x, y = zoo.load("digits-vit1")
+    assert not m.training
+    with torch.no_grad():
+        acc = (m(x).argmax(1) == y).float().mean().item()
+    assert acc > 0.8
+    m, x, y = zoo.load("mnist-vit1")
+    assert m.tokens == 16 and m.config["dim"] == 32 and m.config["heads"] == 4 and m.config["mlp"] == 64
+    with pytest.raises(ValueError, match="name"):
+        zoo.load("nope")
+
+
+def test_data_ranges_and_local_loader_never_downloads(tmp_path):
+    xtr, ytr, xte, yte = digits()
+    assert xtr.shape[1:] == (1, 8, 8) and 0 <= xtr.min() and xtr.max() <= 1
+    assert len(xte) == 360 and len(set(yte.tolist())) == 10
+    with pytest.raises(FileNotFoundError, match="never downloads"):
+        mnist_local(tmp_path)
+
+
+def test_idx_loader_roundtrip(tmp_path):
+    import numpy as np
+
+    root = tmp_path / "MNIST" / "raw"
+    root.mkdir(parents=True)
+    imgs = np.arange(2 * 28 * 28, dtype=np.uint8).reshape(2, 28, 28)
+    (root / "t10k-images-idx3-ubyte").write_bytes(
+        bytes([0, 0, 8, 3]) + b"".join(int(d).to_bytes(4, "big") for d in imgs.shape) + imgs.tobytes())
+    (root / "t10k-labels-idx1-ubyte").write_bytes(bytes([0, 0, 8, 1]) + (2).to_bytes(4, "big") + bytes([3, 7]))
+    x, y = mnist_local(tmp_path, train=False)
+    assert x.shape == (2, 1, 28, 28) and y.tolist() == [3, 7]
+    assert x[0, 0, 0, 1].item() == pytest.approx(1 / 255)
