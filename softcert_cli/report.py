@@ -49,12 +49,12 @@ class Settings:
     fp_algorithms: tuple = ("three_pass", "online", "tree")
 
 
-FULL = Settings("full", 10, (0.005, 0.01, 0.02),
+FULL = Settings("full", 10, (0.01, 0.02, 0.03),
                 ("ibp", "crown", "alpha-crown", "vertex", "lirpa-ibp", "lirpa-crown", "lirpa-alpha-crown"),
                 8, 360, 16, None, (0.001, 0.01, 0.05, 0.1), 24)
-QUICK = Settings("quick", 4, (0.005, 0.01), ("ibp", "crown", "vertex"), 4, 120, 6, 8, (0.01, 0.05), 12)
+QUICK = Settings("quick", 6, (0.01, 0.03), ("ibp", "crown", "vertex"), 4, 120, 6, 8, (0.01, 0.05), 12)
 # test-only: the same stages on the smallest inputs that still exercise each of them
-TINY = Settings("tiny", 2, (0.01,), ("ibp", "crown", "vertex"), 2, 16, 2, 2, (0.01,), 4)
+TINY = Settings("tiny", 2, (0.02,), ("ibp", "crown", "vertex"), 2, 16, 2, 2, (0.01,), 4)
 
 
 def configure(parser) -> None:

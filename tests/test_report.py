@@ -38,7 +38,7 @@ def test_report_folder_complete(tiny_report):
     tex = (tiny_report / "report.tex").read_text()
     assert r"\toprule" in tex and r"\includegraphics" in tex and r"\section*{Appendix" in tex
     md = (tiny_report / "report.md").read_text()
-    assert "softcert report --tiny --out" in md  # the numbers sit beside their command
+    assert "Regenerate: `softcert report --out" in md and "--tiny`" in md  # numbers beside their command
 
 
 def test_quick_settings_run_every_stage_with_more_work():
@@ -103,3 +103,17 @@ def test_bad_model_argument_errors(tmp_path, capsys):
 def test_check_rejects_missing_file(tmp_path, capsys):
     assert softcert_cli.main(["check", str(tmp_path / "nope.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_figures_are_byte_stable(tiny_report, tmp_path, monkeypatch):
+    from softcert_cli import render
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    res = json.loads((tiny_report / "results.json").read_text())
+    digests = []
+    for i in range(2):
+        d = tmp_path / str(i)
+        d.mkdir()
+        names = render.figures(d, res)
+        digests.append({n: (d / n).read_bytes() for ns in names.values() for n in ns})
+    assert digests[0] == digests[1] and len(digests[0]) == 8
