@@ -269,7 +269,7 @@ def radius_exact(z, a, tol: float = 1e-10) -> RadiusResult:
     hi = lb * 1.25
     for _ in range(200):
         k = _winding(z, a, hi)
-        if k is not None and k >= 1:
+        if k is None or k >= 1:  # unresolved means a zero lies near the circle: polish there
             break
         lo, hi = hi, hi * 1.5
     else:
