@@ -279,6 +279,42 @@ def block_sums(d: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(terms, dim=-1)[..., -1]
 
 
+def key_block_score_bounds(query, keys, block_size: int, scale: float = 1.0):
+    """Per key block b: [L_b, U_b] enclosing scale·q·k_i for every key i of the block.
+
+    Ball bound: k_i ∈ B(c_b, r_b) with c_b the block mean and r_b = max_i ‖k_i - c_b‖, so
+    q·k_i ∈ q·c_b ± ‖q‖r_b (Cauchy-Schwarz). Rounded outward: |fl(q·c) - q·c| <=
+    γ_{d+1}|q|·|c|, norms and radii inflated by γ_{d+4}, every sum/product then moved one ulp
+    outward (round-to-nearest is within half an ulp). query (..., d), keys (n, d) with n a
+    multiple of ``block_size``; ``scale`` > 0. Returns (lower, upper, sizes), shapes
+    (..., n/block_size). These feed ``blockwise_bound`` to certify a head of whole blocks
+    without scoring the keys of tail blocks.
+    """
+    q = as_float64(query, "query")
+    K = as_float64(keys, "keys")
+    if K.dim() != 2 or q.shape[-1] != K.shape[-1]:
+        raise ValueError(f"keys: expected shape (n, {q.shape[-1]}), got {tuple(K.shape)}")
+    if torch.isinf(q).any() or torch.isinf(K).any():
+        raise ValueError("query/keys: contain +-inf")
+    if int(block_size) != block_size or block_size < 1 or K.shape[0] % block_size:
+        raise ValueError(f"block_size: must be a positive divisor of n = {K.shape[0]}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: must be a positive finite number, got {scale!r}")
+    d = K.shape[-1]
+    inf = torch.tensor(math.inf, dtype=torch.float64)
+    blocks = K.reshape(-1, block_size, d)
+    c = blocks.mean(1)  # any centre is valid: r_b is measured from the computed one
+    r = inflate(torch.linalg.vector_norm(blocks - c.unsqueeze(1), dim=-1).amax(1), gamma(d + 4))
+    qn = inflate(torch.linalg.vector_norm(q, dim=-1), gamma(d + 4))
+    m = q @ c.T
+    # γ_d·Σ|q_j c_j| bounds the dot product's rounding (any order, FMA or not)
+    err = inflate(inflate(q.abs() @ c.abs().T, gamma(d + 2)) * gamma(d + 1), 0.0)
+    e = torch.nextafter(torch.nextafter(qn.unsqueeze(-1) * r, inf) + err, inf)
+    up = torch.nextafter(scale * torch.nextafter(m + e, inf), inf)
+    lo = torch.nextafter(scale * torch.nextafter(m - e, -inf), -inf)
+    return lo, up, torch.full(up.shape, float(block_size), dtype=torch.float64)
+
+
 def _sorted_for_gaps(scores, k):
     s = validate_scores(scores)
     kk = _validate_k(k, s.shape[:-1])

@@ -150,10 +150,13 @@ def _heatmaps(views, path, eps):
         ax.set_title(f"{view['label']}: certified k/n, ε={eps}", fontsize=9)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
+        ax.set_xticks(range(data.shape[1]))
+        ax.set_yticks(range(data.shape[0]))
+        ax.tick_params(labelsize=6)
         for (i, j), val in np.ndenumerate(data):
             ax.text(j, i, f"{val:.2f}", ha="center", va="center", fontsize=5, color="w")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
 

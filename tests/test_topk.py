@@ -175,6 +175,27 @@ def test_blockwise_from_key_blocks_dominates_exact(rng):
         assert exact <= bound <= 1.0
 
 
+def test_key_block_bounds_enclose_scores_and_certify(rng):
+    d, n, bs = 16, 64, 8
+    for trial in range(10):
+        centres = np.repeat(rng.standard_normal((n // bs, d)) * 2, bs, axis=0)
+        K = centres + rng.standard_normal((n, d)) * 0.2
+        q = rng.standard_normal(d)
+        lo, up, sizes = topk.key_block_score_bounds(q, K, bs, scale=0.25)
+        with mpmath.workdps(50):
+            exact = [mpmath.fsum(mpmath.mpf(float(a)) * mpmath.mpf(float(b))
+                                 for a, b in zip(q, row)) * mpmath.mpf(0.25) for row in K]
+        for i, v in enumerate(exact):
+            assert float(lo[i // bs]) <= v <= float(up[i // bs])
+        head = np.argsort(-up.numpy())[:3]
+        tail = np.setdiff1d(np.arange(n // bs), head)
+        bound = float(topk.blockwise_bound(lo[head], sizes[head], up[tail], sizes[tail]))
+        with mpmath.workdps(50):
+            w = [mpmath.exp(v) for v in exact]
+            tail_mass = mpmath.fsum(w[b * bs + i] for b in tail for i in range(bs)) / mpmath.fsum(w)
+        assert tail_mass <= bound <= 1.0
+
+
 def test_blockwise_rejects_empty_rows():
     with pytest.raises(ValueError, match="no finite"):
         topk.blockwise_bound([0.0], [0.0], [1.0], [0.0])
@@ -260,6 +281,9 @@ def test_gaussian_rule_matches_large_gaussian_rows(rng):
         (lambda: topk.output_error_bound(torch.zeros(3), torch.zeros(3), 1), "values"),
         (lambda: topk.gaussian_k_fraction(1.0, 1.5), "eps"),
         (lambda: topk.gaussian_k_fraction(-1.0, 0.1), "sigma"),
+        (lambda: topk.key_block_score_bounds(torch.zeros(3), torch.zeros(8, 3), 3), "block_size"),
+        (lambda: topk.key_block_score_bounds(torch.zeros(3), torch.zeros(8, 2), 4), "keys"),
+        (lambda: topk.key_block_score_bounds(torch.zeros(3), torch.zeros(8, 3), 4, -1.0), "scale"),
     ],
 )
 def test_bad_input_raises(call, match):
