@@ -111,7 +111,7 @@ def test_float32_is_really_float32():
 @pytest.mark.parametrize("dtype", fp.DTYPES)
 def test_exp_accuracy_assumption(dtype):
     """The assumed exp ulps dominate the measured maximum (exhaustive for 16-bit formats)."""
-    measured = fp.measure_exp_ulps(dtype, points=20_001)
+    measured = fp.measure_exp_ulps(dtype, points=5_001)
     assert measured <= fp.EXP_ULPS[dtype]
     assert measured > 0.49  # the measurement sees real rounding errors
 
@@ -195,7 +195,9 @@ def test_thresholds_known_values():
     h = np.float16(2048)
     assert h + np.float16(1) == h
     f16 = fp.thresholds("float16")
-    assert np.isfinite(np.float16(f16.n_sum_finite)) and np.isinf(np.float16(f16.n_sum_finite + 1))
+    with np.errstate(over="ignore"):
+        assert np.isfinite(np.float16(f16.n_sum_finite))
+        assert np.isinf(np.float16(f16.n_sum_finite + 1))
 
 
 def test_bad_input_raises():
