@@ -266,6 +266,22 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
           md_table(*T["fp"][1:]), "", md_table(*T["fp_measured"][1:]), "", "![fp bounds](fp_bounds.png)", "",
           "## 5. Feedback stability thresholds", "", f"System: {fb['system']}.", "",
           md_table(*T["feedback"][1:]), "",
+          "## Notes", "",
+          "- Soundness cross-check: every certify run is compared with PGD (no certified image is falsified, "
+          "no PGD margin lies below a certified bound); the run aborts otherwise.",
+          "- Radii: the root/pi columns are rigorous lower bounds (rounded down); the exact radius is the modulus "
+          "of the nearest zero of F(t) = Σ exp(z_k + a_k t) (argument principle + mpmath); the top-2 column is "
+          "an estimate that can exceed the exact radius and is never used as a bound.",
+          f"- FP bounds: analysis.fp rounds its constants up by a relative 2^-40, which does not cover the float64 "
+          f"cancellation in B⁺ - 1 (its rel fell up to ~6e-12 relative below the 40-digit value of the same formula); "
+          f"the report states them widened by a relative {res['fp']['widen']:g}, and `softcert check` re-evaluates "
+          "the formula at 40 digits.",
+          "- Feedback: the heads' iterated attention is a model of the feedback system (Hopfield-style retrieval), "
+          "not a computation the classifier performs; at β = 1, "
+          f"{sum(r['unique_at_1'] for r in fb['rows'] if r['case'].startswith('layer'))} of "
+          f"{sum(r['case'].startswith('layer') for r in fb['rows'])} heads are certified contractive.",
+          "- pdflatex: " + ("used when installed; " if shutil.which("pdflatex") else "not installed here, so report.tex "
+                           "was written but not compiled; ") + "report.tex uses booktabs, graphicx, amsmath.", "",
           "## Wall time per stage (s)", "",
           md_table(["stage", "seconds"], [[k, f"{v:.1f}"] for k, v in timer.stages.items()]), "",
           appendix.render_markdown(ders)]
