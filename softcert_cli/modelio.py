@@ -16,7 +16,7 @@ import torch
 
 ONNX_OPS = ("Add", "Constant", "Gemm", "MatMul", "Mul", "Div", "Sub", "ReduceMean", "Relu",
             "Reshape", "Softmax", "Transpose", "Pow", "Sqrt", "LayerNormalization", "Concat",
-            "Expand", "Identity")
+            "Expand", "Identity", "ConstantOfShape", "Equal", "Where", "Gather")
 DATASETS = {(1, 28, 28): "mnist5k", (1, 8, 8): "digits"}
 
 
@@ -149,9 +149,19 @@ def onnx_eval(graph_proto, x: np.ndarray) -> np.ndarray:
         elif op == "Concat":
             out = np.concatenate(ins, axis=_attr(node, "axis"))
         elif op == "Expand":
-            out = ins[0] * np.ones([int(s) for s in ins[1]])
+            out = np.broadcast_to(ins[0], np.broadcast_shapes(ins[0].shape, tuple(int(d) for d in ins[1]))).copy()
         elif op == "Identity":
             out = ins[0]
+        elif op == "ConstantOfShape":
+            val = _attr(node, "value")
+            v = numpy_helper.to_array(val).ravel()[0] if val is not None else 0.0
+            out = np.full([int(d) for d in ins[0]], v)
+        elif op == "Equal":
+            out = ins[0] == ins[1]
+        elif op == "Where":
+            out = np.where(ins[0], ins[1], ins[2])
+        elif op == "Gather":
+            out = np.take(ins[0], ins[1], axis=_attr(node, "axis", 0))
         else:  # unreachable after check_onnx_ops
             raise ValueError(f"model: unsupported ONNX operator {op}")
         env[node.output[0]] = out

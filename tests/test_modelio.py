@@ -34,8 +34,9 @@ def test_bare_state_dict_is_rejected_with_reason(tmp_path):
         modelio.load_model(str(p))
 
 
-def test_onnx_export_of_the_family_loads_and_matches(tmp_path):
-    m, x, _ = zoo.load("digits-vit1")
+@pytest.mark.parametrize("name", ["digits-vit1", "mnist-vit1-cls-ln"])  # mean pool; LayerNorm + class token
+def test_onnx_export_of_the_family_loads_and_matches(tmp_path, name):
+    m, x, _ = zoo.load(name)
     p = tmp_path / "m.onnx"
     _export(m, x[:1], p)
     m2, _, _, _ = modelio.load_model(str(p))
