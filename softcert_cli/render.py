@@ -247,8 +247,8 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
     md = [f"# softcert report", "", f"Regenerate: `{cmd}`; re-check: `softcert check {out}/results.json`.", "",
           intro, "",
           "## 1. Certified robustness", "",
-          "Methods from `certify` (IBP, CROWN, alpha-CROWN, Vertex-Softmax hybrid, auto_LiRPA); PGD (40 steps x 2 "
-          "restarts) gives the upper bound; every run is checked against PGD. The Vertex-Softmax records hold a "
+          f"Methods from `certify.verify`: {', '.join(st.methods)} (vertex = CROWN with Vertex-Softmax inside; "
+          "lirpa-* = auto_LiRPA 0.3). PGD (40 steps x 2 restarts) gives the upper bound; every run is checked against PGD. The Vertex-Softmax records hold a "
           "score box, coefficients c and the bound of c·softmax(s) for sampled attention rows.", "",
           md_table(*T["certify"][1:]), "", "![certified accuracy](certified_accuracy.png)", "",
           "## 2. Taylor radii of the loss along the gradient", "",
