@@ -115,11 +115,16 @@ def stage_certify(model, x, y, st: Settings, records: list):
     g = build_graph(m64)
     rng = np.random.default_rng(SEED)
     for eps in st.eps:
+        if len(yc) == 0:  # nothing to certify: every image is misclassified
+            rows += [dict(eps=eps, method=meth, n=len(y), clean_acc=0.0, pgd_acc=0.0, certified_acc=0.0,
+                          mean_lower_margin=None, seconds_per_image=0.0, note="no correctly classified image")
+                     for meth in st.methods]
+            bar.update(1 + len(st.methods))
         bar.set_postfix_str(f"eps={eps} PGD")
-        att = certify.attack(model, xc, yc, eps)
-        pgd_acc = sum(s != "sat" for s in att.status) / len(y)
-        bar.update(1)
-        for meth in st.methods:
+        att = certify.attack(model, xc, yc, eps) if len(yc) else None
+        pgd_acc = sum(s != "sat" for s in att.status) / len(y) if att is not None else 0.0
+        bar.update(1 if att is not None else 0)
+        for meth in (st.methods if len(yc) else ()):
             bar.set_postfix_str(f"eps={eps} {meth}")
             res = certify.verify(model, xc, yc, eps, method=meth)
             certify.attack(model, xc, yc, eps, certified=res.certified)  # raises if unsound
@@ -133,7 +138,7 @@ def stage_certify(model, x, y, st: Settings, records: list):
             bar.update(1)
         # Vertex-Softmax proof records: rows of the first attention layer at the first image
         bar.set_postfix_str(f"eps={eps} vertex records")
-        xb = xc[:1].double()
+        xb = (xc if len(yc) else x)[:1].double()  # the box is a valid proof input either way
         xl, xu = input_box(xb, eps)
         state = crown.propagate(g, m64.patchify(xl), m64.patchify(xu), vertex=True, anchor=m64.patchify(xb))
         a0 = g.attention[0]
