@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fp": ("analysis.fp_report", "proven FP softmax error bounds vs worst measured errors, thresholds"),
     "stability": ("analysis.stability_report", "softmax feedback stability thresholds and sharpness demos"),
     "certify": ("certify.cli", "certified accuracy of zoo attention models (IBP/CROWN/Vertex/auto_LiRPA)"),
+    "report": ("softcert_cli.report", "one command from a model to a checked report folder (md, tex, figures, JSON)"),
+    "check": ("softcert_cli.check", "re-check every certificate of a report's results.json independently"),
 }
 
 

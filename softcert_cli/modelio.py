@@ -1,0 +1,251 @@
+"""Load the model a report is about: a zoo name, a saved state dict, or an ONNX file.
+
+Supported family: ``certify.ViT`` (see certify/models.py). A state dict must come with its
+config, as certify.train writes it: ``{"config": model.config, "state_dict": ...}`` (the
+head count cannot be read off the tensor shapes).
+ONNX: every node must use an operator of ``ONNX_OPS`` (the operators the supported family
+exports to); otherwise a ValueError names the node, its operator and the supported set.
+The graph is then matched to a ViT by its weights and checked numerically (see load_onnx).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ONNX_OPS = ("Add", "Constant", "Gemm", "MatMul", "Mul", "Div", "Sub", "ReduceMean", "Relu",
+            "Reshape", "Softmax", "Transpose", "Pow", "Sqrt", "LayerNormalization", "Concat",
+            "Expand", "Identity", "ConstantOfShape", "Equal", "Where", "Gather")
+DATASETS = {(1, 28, 28): "mnist5k", (1, 8, 8): "digits"}
+
+
+def load_model(spec: str):
+    """(model, X_test, y_test, label) for a zoo name or a file path."""
+    from certify import zoo
+    from certify.models import ViT, check_supported
+
+    path = Path(spec)
+    if not path.exists():
+        if spec in zoo.names():
+            model, xte, yte = zoo.load(spec)
+            return model, xte, yte, f"zoo:{spec}"
+        raise ValueError(f"model: {spec!r} is neither a file nor a zoo model ({', '.join(zoo.names())})")
+    if path.suffix.lower() == ".onnx":
+        model = load_onnx(path)
+    else:
+        try:
+            ckpt = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as exc:  # noqa: BLE001  (any unpickling error: report it plainly)
+            raise ValueError(f"model: cannot read {path} as a torch state dict ({type(exc).__name__})") from None
+        if not isinstance(ckpt, dict):
+            raise ValueError(f"model: {path} holds a {type(ckpt).__name__}, expected a state dict")
+        if "state_dict" in ckpt and "config" in ckpt:
+            cfg = dict(ckpt["config"])
+            sd = ckpt["state_dict"]
+        else:
+            sd, cfg = ckpt, None
+        if cfg is None:
+            raise ValueError("model: a bare state dict has no config (heads are not inferable); save "
+                             "{'config': model.config, 'state_dict': model.state_dict()}")
+        cfg["image"] = tuple(cfg["image"])
+        try:
+            model = ViT(**cfg)
+        except TypeError as exc:
+            raise ValueError(f"model: config does not describe a certify.ViT ({exc})") from None
+        extra = sorted(set(sd) - set(model.state_dict()))
+        if extra:
+            raise ValueError(f"model: unsupported layer {extra[0]!r} in the state dict; supported: "
+                             "certify.ViT (Linear, LayerNorm, ReLU, multi-head attention)")
+        missing = sorted(set(model.state_dict()) - set(sd))
+        if missing:
+            raise ValueError(f"model: state dict lacks {missing[0]!r} of the certify.ViT family")
+        try:
+            model.load_state_dict(sd)
+        except RuntimeError as exc:
+            raise ValueError(f"model: state dict does not fit the config: {str(exc)[:200]}") from None
+    check_supported(model.eval())
+    ds = DATASETS.get(model.image)
+    if ds is None:
+        raise ValueError(f"model: no bundled test data for images of shape {model.image}; "
+                         f"bundled: {sorted(DATASETS)}")
+    from certify import data
+
+    _, _, xte, yte = getattr(data, ds)()
+    return model, xte, yte, str(path)
+
+
+# ----------------------------------------------------------------------------- ONNX
+def _attr(node, name, default=None):
+    import onnx
+
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def onnx_eval(graph_proto, x: np.ndarray) -> np.ndarray:
+    """Evaluate an ONNX graph of ``ONNX_OPS`` in float64 numpy (a small reference interpreter)."""
+    from onnx import numpy_helper
+
+    env = {t.name: numpy_helper.to_array(t).astype(np.float64) if numpy_helper.to_array(t).dtype.kind == "f"
+           else numpy_helper.to_array(t) for t in graph_proto.initializer}
+    env[graph_proto.input[0].name] = x.astype(np.float64)
+    for node in graph_proto.node:
+        ins = [env[i] if i else None for i in node.input]
+        op = node.op_type
+        if op == "Constant":
+            v = numpy_helper.to_array(_attr(node, "value"))
+            out = v.astype(np.float64) if v.dtype.kind == "f" else v
+        elif op == "Add":
+            out = ins[0] + ins[1]
+        elif op == "Sub":
+            out = ins[0] - ins[1]
+        elif op == "Mul":
+            out = ins[0] * ins[1]
+        elif op == "Div":
+            out = ins[0] / ins[1]
+        elif op == "Pow":
+            out = ins[0] ** ins[1]
+        elif op == "Sqrt":
+            out = np.sqrt(ins[0])
+        elif op == "Relu":
+            out = np.maximum(ins[0], 0)
+        elif op == "MatMul":
+            out = ins[0] @ ins[1]
+        elif op == "Gemm":
+            A, B = ins[0], ins[1]
+            if _attr(node, "transA", 0):
+                A = A.T
+            if _attr(node, "transB", 0):
+                B = B.T
+            out = _attr(node, "alpha", 1.0) * A @ B
+            if len(ins) > 2 and ins[2] is not None:
+                out = out + _attr(node, "beta", 1.0) * ins[2]
+        elif op == "Reshape":
+            shape = [int(s) for s in ins[1]]
+            shape = [ins[0].shape[i] if s == 0 else s for i, s in enumerate(shape)]
+            out = ins[0].reshape(shape)
+        elif op == "Transpose":
+            out = np.transpose(ins[0], _attr(node, "perm"))
+        elif op == "Softmax":
+            ax = _attr(node, "axis", -1)
+            e = np.exp(ins[0] - ins[0].max(axis=ax, keepdims=True))
+            out = e / e.sum(axis=ax, keepdims=True)
+        elif op == "ReduceMean":
+            axes = _attr(node, "axes")
+            if axes is None and len(ins) > 1 and ins[1] is not None:
+                axes = [int(a) for a in ins[1]]
+            out = ins[0].mean(axis=tuple(axes) if axes is not None else None,
+                              keepdims=bool(_attr(node, "keepdims", 1)))
+        elif op == "LayerNormalization":
+            ax = _attr(node, "axis", -1)
+            mu = ins[0].mean(axis=ax, keepdims=True)
+            var = ((ins[0] - mu) ** 2).mean(axis=ax, keepdims=True)
+            out = (ins[0] - mu) / np.sqrt(var + _attr(node, "epsilon", 1e-5)) * ins[1]
+            if len(ins) > 2 and ins[2] is not None:
+                out = out + ins[2]
+        elif op == "Concat":
+            out = np.concatenate(ins, axis=_attr(node, "axis"))
+        elif op == "Expand":
+            out = np.broadcast_to(ins[0], np.broadcast_shapes(ins[0].shape, tuple(int(d) for d in ins[1]))).copy()
+        elif op == "Identity":
+            out = ins[0]
+        elif op == "ConstantOfShape":
+            val = _attr(node, "value")
+            v = numpy_helper.to_array(val).ravel()[0] if val is not None else 0.0
+            out = np.full([int(d) for d in ins[0]], v)
+        elif op == "Equal":
+            out = ins[0] == ins[1]
+        elif op == "Where":
+            out = np.where(ins[0], ins[1], ins[2])
+        elif op == "Gather":
+            out = np.take(ins[0], ins[1], axis=_attr(node, "axis", 0))
+        else:  # unreachable after check_onnx_ops
+            raise ValueError(f"model: unsupported ONNX operator {op}")
+        env[node.output[0]] = out
+    return env[graph_proto.output[0].name]
+
+
+def check_onnx_ops(graph_proto) -> None:
+    for node in graph_proto.node:
+        if node.op_type not in ONNX_OPS:
+            raise ValueError(f"model: unsupported layer {node.name or '<unnamed>'!r} (ONNX operator "
+                             f"{node.op_type}); supported operators: {', '.join(ONNX_OPS)}")
+
+
+def load_onnx(path: Path):
+    """A certify.ViT equal to the ONNX graph (torch.onnx export of the supported family).
+
+    The graph's weights are read in node order (embedding, then per block q, k, v, o, fc1,
+    fc2, then the classifier; matrices of MatMul nodes are stored transposed by the exporter),
+    the config is inferred from their shapes, the head count is the one whose ViT reproduces
+    the graph's outputs on random inputs (float64 interpreter ``onnx_eval``, max error 1e-6).
+    """
+    try:
+        import onnx
+    except ImportError:
+        raise ValueError("model: reading ONNX needs the onnx package (pip install 'softcert[data]')") from None
+    from onnx import numpy_helper
+
+    from certify.models import ViT
+
+    try:
+        m = onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"model: cannot parse {path} as ONNX ({type(exc).__name__})") from None
+    g = m.graph
+    check_onnx_ops(g)
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    dims = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
+    if len(dims) != 4 or not all(dims[1:]):
+        raise ValueError(f"model: ONNX input must be an image batch (B, C, H, W), got {dims}")
+    image = tuple(int(d) for d in dims[1:])
+    mats = []  # (kind, weight as (out, in), bias name or None) in node order
+    for node in g.node:
+        if node.op_type == "MatMul" and node.input[1] in inits:
+            mats.append(inits[node.input[1]].T)
+        elif node.op_type == "Gemm" and node.input[1] in inits:
+            w = inits[node.input[1]]
+            mats.append(w if _attr(node, "transB", 0) else w.T)
+    if len(mats) < 8 or (len(mats) - 2) % 6:
+        raise ValueError(f"model: the ONNX graph has {len(mats)} weight matrices; the certify.ViT family "
+                         "has 2 + 6 per block")
+    depth = (len(mats) - 2) // 6
+    dim, inp = mats[0].shape
+    patch = int(round((inp / image[0]) ** 0.5))
+    mlp = mats[5].shape[0]
+    classes = mats[-1].shape[0]
+    has_ln = any(n.endswith("norm1.weight") for n in inits)
+    pool = "cls" if "cls" in inits else "mean"
+    last_err = None
+    for heads in [h for h in (1, 2, 4, 8, 16, 3, 6, 12) if dim % h == 0]:
+        model = ViT(image=image, patch=patch, dim=dim, heads=heads, mlp=mlp, depth=depth,
+                    classes=classes, layer_norm=has_ln, pool=pool).double()
+        sd = model.state_dict()
+        lin = ["embed"] + [f"blocks.{i}.{n}" for i in range(depth)
+                           for n in ("attn.q", "attn.k", "attn.v", "attn.o", "fc1", "fc2")] + ["head"]
+        try:
+            for name, W in zip(lin, mats):
+                sd[f"{name}.weight"] = torch.as_tensor(np.asarray(W, dtype=np.float64))
+            for k in sd:
+                if k.endswith(".weight") and k[: -len(".weight")] in lin:
+                    continue
+                sd[k] = torch.as_tensor(np.asarray(inits[k], dtype=np.float64))
+            model.load_state_dict(sd)
+        except (KeyError, RuntimeError) as exc:
+            raise ValueError(f"model: the ONNX weights do not fit a certify.ViT ({str(exc)[:120]})") from None
+        x = np.random.default_rng(0).random((2,) + image)
+        with torch.no_grad():
+            ref = model(torch.as_tensor(x)).numpy()
+        try:
+            # the exporter bakes the batch size into Reshape constants: one image at a time
+            got = np.concatenate([onnx_eval(g, x[i:i + 1]) for i in range(len(x))])
+        except (ValueError, KeyError, IndexError) as exc:
+            raise ValueError(f"model: cannot evaluate the ONNX graph ({exc})") from None
+        last_err = float(np.max(np.abs(got - ref)))
+        if last_err < 1e-6 * max(1.0, float(np.max(np.abs(ref)))):
+            return model.float().eval()
+    raise ValueError(f"model: the ONNX graph is not a certify.ViT of the supported family "
+                     f"(best output mismatch {last_err:.3g})")

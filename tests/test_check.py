@@ -1,0 +1,91 @@
+"""The independent checkers of `softcert check` against oracles (exact values, brute force)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from analysis import fp, ghosts, topk
+from bounds import vertex_softmax
+from softcert_cli import check
+
+
+def test_zero_count_matches_known_zeros():
+    # z=(2,1,0), a=(1,0,-1): F = e^{2+t}(1 + w + w^2), w = e^{-1-t}: zeros at -1 ± 2πi/3 (+2πik)
+    z, a = [2.0, 1.0, 0.0], [1.0, 0.0, -1.0]
+    r = abs(complex(-1, 2 * math.pi / 3))
+    assert check.zero_count(z, a, r * 0.999) == 0
+    assert check.zero_count(z, a, r * 1.001) == 2
+    # binary: zeros at (-δ + iπ(2m+1))/Δ
+    assert check.zero_count([0.0, 0.0], [0.0, 1.0], math.pi * 0.999) == 0
+    assert check.zero_count([0.0, 0.0], [0.0, 1.0], 3 * math.pi * 1.001) == 4
+
+
+def test_radius_lower_bounds_pass_and_inflated_fail(rng):
+    for _ in range(3):
+        z, a = rng.standard_normal(5) * 2, rng.standard_normal(5)
+        lb = ghosts.radius_lower_bound(z, a, "root")
+        ex = ghosts.radius_exact(z, a)
+        rec = dict(z=z.tolist(), a=a.tolist(), lower_bound=lb, exact=ex.radius, zero=[ex.zero.real, ex.zero.imag])
+        assert check.check_radius(rec) is None
+        assert check.check_radius(dict(rec, lower_bound=ex.radius * 1.01)) is not None
+
+
+def test_tail_mass_bounds_enclose_mpmath(rng):
+    import mpmath
+
+    for n in (5, 40, 128):
+        s = rng.standard_normal(n) * 4
+        for k in (1, n // 3, n - 1):
+            lo, hi = check.tail_mass_bounds(s, k)
+            with mpmath.workdps(50):
+                w = sorted((mpmath.exp(mpmath.mpf(float(v))) for v in s), reverse=True)
+                tau = mpmath.fsum(w[k:]) / mpmath.fsum(w)
+            assert lo <= tau <= hi and hi - lo <= 1e-12 * float(tau) + 1e-300
+
+
+def test_topk_records_of_analysis_pass(rng):
+    s = torch.as_tensor(rng.standard_normal((6, 64)) * 3)
+    for e in (0.01, 0.1):
+        c = topk.certify_topk(s, e)
+        for i in range(6):
+            rec = dict(scores=s[i].tolist(), k=int(c.k[i]), eps=e, tail_upper=float(c.tail_upper[i]),
+                       tail_lower_prev=float(c.tail_lower_prev[i]), minimal_proved=bool(c.minimal_proved[i]))
+            assert check.check_topk(rec) is None
+            assert check.check_topk(dict(rec, k=rec["k"] - 1)) is not None
+
+
+def test_fp_formula_reproduces_error_bound_to_rounding():
+    for n in (2, 16, 100, 1000):
+        for alg in fp.ALGORITHMS:
+            b = fp.error_bound(n, alg, "float32")
+            rel, floor = check.fp_formula(n, alg, "float32", 128, b.exp_ulps)
+            assert abs(rel - b.rel) <= 1e-9 * rel and abs(floor - b.abs_floor) <= 1e-9 * floor
+
+
+def test_vertex_check_exact_against_vertex_softmax(rng):
+    c, lo = rng.standard_normal(8), rng.standard_normal(8)
+    hi = lo + rng.random(8)
+    vb = vertex_softmax(torch.as_tensor(c), torch.as_tensor(lo), torch.as_tensor(hi))
+    rec = dict(c=c.tolist(), lower=lo.tolist(), upper=hi.tolist(), min=float(vb.lower), max=float(vb.upper))
+    assert check.check_vertex(rec) is None
+    bad = dict(rec, max=float(vb.upper) - 1e-6)
+    assert "refuted" in check.check_vertex(bad)
+
+
+def test_feedback_check_exact():
+    W = 5 * np.ones((4, 4)) + 0.3 * np.eye(4)
+    from analysis import feedback
+
+    cert = feedback.stability_threshold(W, beta=1.0)
+    rec = dict(W=W.tolist(), proj_norm_upper=cert.proj_norm.value, norm_upper=cert.full_norm.value,
+               beta_star=cert.beta_star, beta_classical=cert.beta_classical, beta=1.0, contraction=cert.contraction)
+    assert check.check_feedback(rec) is None
+    assert check.check_feedback(dict(rec, proj_norm_upper=0.2999)) is not None  # ‖ΠWΠ‖ = 0.3 exactly
+
+
+@pytest.mark.parametrize("bad", [{}, {"certificates": []}, {"certificates": [{"id": "x", "kind": "nope"}]}])
+def test_malformed_results_fail(bad):
+    assert check.check_results(bad)
