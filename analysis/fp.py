@@ -332,9 +332,17 @@ class ErrorBound:
         return self.rel / self.u
 
 
-def _up(v: float) -> float:
-    """Round a float64 bound upward by a safe margin (covers the float64 evaluation error)."""
-    return float(np.nextafter(v * (1 + 2.0 ** -40), np.inf)) if math.isfinite(v) else v
+def _up(v: float, cancellation: bool = False) -> float:
+    """Round a float64 bound upward by a safe margin (covers the float64 evaluation error).
+
+    ``cancellation``: v was formed as B - 1 with B ~ 1 evaluated through a few dozen float64
+    operations, so its error is absolute (<= ~32 ulp of 1), not relative to v: add 64 ulp(1).
+    """
+    if not math.isfinite(v):
+        return v
+    if cancellation:
+        v = v + 64 * 2.0 ** -53
+    return float(np.nextafter(v * (1 + 2.0 ** -40), np.inf))
 
 
 def _counts(n: int, algorithm: str, block: int) -> tuple[int, int, int, int]:
@@ -433,7 +441,7 @@ def error_bound(
     else:
         abs_floor += B_hi * g_max
     return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
-                      _up(rel), _up(abs_floor), score_range, u, k, K_u, K_e, _ASSUME,
+                      _up(rel, cancellation=True), _up(abs_floor), score_range, u, k, K_u, K_e, _ASSUME,
                       _up(B_hi), _up(under))
 
 
