@@ -86,6 +86,12 @@ def _certify(sign, c, lo, hi, a, b, xa, xb, value, shifted, cmax, scale):
     """Smallest proved λ >= value (see bounds.vertex.certify_upper)."""
     g, err, dsum = _gap(sign, c, lo, hi, a, b, xa, xb, value, shifted)
     step = (max(g, 0.0) + 2 * err) / max(dsum, TINY) + 2 * U * abs(value) + TINY * (1 + scale)
+    return _prove_above(sign, c, lo, hi, a, b, xa, xb, value, step, shifted, cmax)
+
+
+@njit(cache=True)
+def _prove_above(sign, c, lo, hi, a, b, xa, xb, value, step, shifted, cmax):
+    """First λ = value + step·4^k whose certificate holds; max c if none within 64 tries."""
     for _ in range(64):
         trial = max(value + step, np.nextafter(value, np.inf))
         g, err, _ = _gap(sign, c, lo, hi, a, b, xa, xb, trial, shifted)
@@ -107,13 +113,7 @@ def _certify_fast(sign, c, lo, hi, a, b, xa, xb, value, cmax, cmin, scale, xmax)
     rel_max = EXP_REL + 4 * U + 1.01 * U * xmax
     step = 3.03 * (rel_max + _gamma(n + 1)) * (1 + rel_max) * (cmax - cmin)
     step += 2 * U * abs(value) + TINY * (1 + scale)
-    for _ in range(64):
-        trial = max(value + step, np.nextafter(value, np.inf))
-        g, err, _ = _gap(sign, c, lo, hi, a, b, xa, xb, trial, False)
-        if g <= -err:
-            return min(trial, cmax)
-        step *= 4
-    return cmax
+    return _prove_above(sign, c, lo, hi, a, b, xa, xb, value, step, False, cmax)
 
 
 @njit(cache=True)
