@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from scipy.special import ndtr, ndtri
 
-from bounds._box import as_float64
+from bounds._box import as_float64, validate_scores
 from bounds.rounding import EXP_REL, TINY, U64, gamma
 
 #: relative error of one weight exp(s_i - max) (exp itself + the rounded argument, |arg| <= 746)
@@ -55,18 +55,6 @@ ASSUMPTIONS = (
 
 
 # ----------------------------------------------------------------------------- validation
-def validate_scores(scores, name: str = "scores") -> torch.Tensor:
-    """float64 tensor (..., n); rejects NaN, +inf, an empty key axis and fully masked rows."""
-    s = as_float64(scores, name)
-    if s.shape[-1] == 0:
-        raise ValueError(f"{name}: the key axis (last dimension) is empty")
-    if torch.isposinf(s).any():
-        raise ValueError(f"{name}: contains +inf (masked keys are -inf)")
-    if torch.isneginf(s).all(dim=-1).any():
-        raise ValueError(f"{name}: a row has every key masked (-inf); softmax is undefined there")
-    return s
-
-
 def validate_eps(eps) -> float:
     """ε as a float strictly inside (0, 1)."""
     try:

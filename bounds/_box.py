@@ -41,6 +41,19 @@ def as_float64(x, name: str, check_nan: bool = True) -> torch.Tensor:
     return t
 
 
+def validate_scores(scores, name: str = "scores") -> torch.Tensor:
+    """Score rows (..., n) as float64: rejects NaN, +inf, an empty key axis and fully masked
+    rows (-inf marks a masked key)."""
+    s = as_float64(scores, name)
+    if s.shape[-1] == 0:
+        raise ValueError(f"{name}: the key axis (last dimension) is empty")
+    if torch.isposinf(s).any():
+        raise ValueError(f"{name}: contains +inf (masked keys are -inf)")
+    if torch.isneginf(s).all(dim=-1).any():
+        raise ValueError(f"{name}: a row has every key masked (-inf); softmax is undefined there")
+    return s
+
+
 def score_box(lower, upper, *, allow_masked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate a score box ``lower <= s <= upper`` over the last axis.
 

@@ -20,7 +20,7 @@ import numba
 import numpy as np
 import torch
 
-from bounds._box import as_float64
+from bounds._box import validate_scores
 from bounds.rounding import EXP_REL, TINY, U64, gamma
 
 RHO_WEIGHT = EXP_REL + 747 * U64 * 1.001  # must equal analysis.topk.RHO_WEIGHT (tested)
@@ -41,13 +41,7 @@ def block_constants(nb: int) -> tuple[float, float, float, float]:
 
 # --------------------------------------------------------------------------- validation
 def _rows(scores, name="scores") -> tuple[np.ndarray, tuple]:
-    s = as_float64(scores, name)
-    if s.shape[-1] == 0:
-        raise ValueError(f"{name}: the key axis (last dimension) is empty")
-    if torch.isposinf(s).any():
-        raise ValueError(f"{name}: contains +inf (masked keys are -inf)")
-    if torch.isneginf(s).all(dim=-1).any():
-        raise ValueError(f"{name}: a row has every key masked (-inf); softmax is undefined there")
+    s = validate_scores(scores, name)
     batch = tuple(s.shape[:-1])
     return np.ascontiguousarray(s.reshape(-1, s.shape[-1]).numpy()), batch
 
