@@ -332,17 +332,10 @@ class ErrorBound:
         return self.rel / self.u
 
 
-def _up(v: float, cancellation: bool = False) -> float:
-    """Round a float64 bound upward by a safe margin (covers the float64 evaluation error).
-
-    ``cancellation``: v was formed as B - 1 with B ~ 1 evaluated through a few dozen float64
-    operations, so its error is absolute (<= ~32 ulp of 1), not relative to v: add 64 ulp(1).
-    """
-    if not math.isfinite(v):
-        return v
-    if cancellation:
-        v = v + 64 * 2.0 ** -53
-    return float(np.nextafter(v * (1 + 2.0 ** -40), np.inf))
+def _up(v: float) -> float:
+    """Round a float64 bound upward by a safe margin (covers the float64 evaluation error,
+    a few ulp relative to v: every bound here is formed without cancellation)."""
+    return float(np.nextafter(v * (1 + 2.0 ** -40), np.inf)) if math.isfinite(v) else v
 
 
 def _counts(n: int, algorithm: str, block: int) -> tuple[int, int, int, int]:
@@ -430,9 +423,17 @@ def error_bound(
         return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
                           math.inf, math.inf, score_range, u, k, K_u, K_e, _ASSUME)
     # Step 3: the output.
-    B_hi = (1 + ue) * (1 + u) ** k_out / S_lo
-    B_lo = (1 - ue) * (1 - u) ** k_out / S_hi
-    rel = max(B_hi - 1, 1 - B_lo)
+    # B - 1 in log form: every summand of log B_hi is >= 0 and every one of log B_lo is <= 0,
+    # so expm1 of the sum is accurate to a few float64 ulp *relative to rel* (forming B and
+    # subtracting 1 would lose that to cancellation when rel is near u_float64).
+    lp_hi = K_u * math.log1p(u) + K_e * math.log1p(ue)
+    lp_lo = K_u * math.log1p(-u) + K_e * math.log1p(-ue)
+    log_b_hi = (math.log1p(ue) + k_out * math.log1p(u) + u * L - lp_lo
+                - math.log1p(-eta_S * math.exp(u * L - lp_lo)))
+    log_b_lo = (math.log1p(-ue) + k_out * math.log1p(-u) - u * L - lp_hi
+                - math.log1p(eta_S * math.exp(-u * L - lp_hi)))
+    B_hi = math.exp(log_b_hi)
+    rel = max(math.expm1(log_b_hi), -math.expm1(log_b_lo))
     g_max = u / ((1 - u) * math.e)
     under = (eta_e * (1 + u) ** k_out) / S_lo + k_out * q * (1 + ue) * 2
     abs_floor = under
@@ -441,7 +442,7 @@ def error_bound(
     else:
         abs_floor += B_hi * g_max
     return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
-                      _up(rel, cancellation=True), _up(abs_floor), score_range, u, k, K_u, K_e, _ASSUME,
+                      _up(rel), _up(abs_floor), score_range, u, k, K_u, K_e, _ASSUME,
                       _up(B_hi), _up(under))
 
 
