@@ -35,10 +35,15 @@ def _fig_meta(fmt):
 
 
 def save_figure(fig, out: Path, stem: str) -> list[str]:
+    """Lay out, write PNG and PDF (reproducible metadata), and close the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
     names = []
     for fmt in ("png", "pdf"):
         fig.savefig(out / f"{stem}.{fmt}", dpi=110, metadata=_fig_meta(fmt))
         names.append(f"{stem}.{fmt}")
+    plt.close(fig)
     return names
 
 
@@ -61,9 +66,7 @@ def figures(out: Path, res: dict) -> dict:
     ax.set_xlabel("eps (L∞)")
     ax.set_ylabel("accuracy")
     ax.legend(fontsize=6)
-    fig.tight_layout()
     figs["certified_accuracy"] = save_figure(fig, out, "certified_accuracy")
-    plt.close(fig)
     # radii
     rd = res["radii"]
     fig, ax = plt.subplots(figsize=(4.2, 3.0))
@@ -76,9 +79,7 @@ def figures(out: Path, res: dict) -> dict:
     ax.set_xlabel("Taylor radius along −∇L (parameter distance)")
     ax.set_ylabel("images")
     ax.legend(fontsize=6)
-    fig.tight_layout()
     figs["radii"] = save_figure(fig, out, "radii")
-    plt.close(fig)
     # top-k heatmap (MiniLM if present, else the model)
     tk = res["topk"]
     key = "minilm" if "minilm" in tk else "model"
@@ -90,9 +91,7 @@ def figures(out: Path, res: dict) -> dict:
     ax.set_ylabel("layer")
     ax.set_title(f"{'MiniLM' if key == 'minilm' else 'model'}: mean certified k / n at ε = {e}")
     fig.colorbar(im, ax=ax)
-    fig.tight_layout()
     figs["topk_heatmap"] = save_figure(fig, out, "topk_heatmap")
-    plt.close(fig)
     # fp
     fpr = res["fp"]
     fig, ax = plt.subplots(figsize=(4.2, 3.0))
@@ -105,9 +104,7 @@ def figures(out: Path, res: dict) -> dict:
     ax.set_xlabel("sequence length n")
     ax.set_ylabel("relative error / u (u = 2⁻²⁴)")
     ax.legend(fontsize=6)
-    fig.tight_layout()
     figs["fp_bounds"] = save_figure(fig, out, "fp_bounds")
-    plt.close(fig)
     return figs
 
 
