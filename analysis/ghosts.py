@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import mpmath
 import numpy as np
 
-from bounds.rounding import EXP_REL, U64
+from kernels.floating import EXP_REL, U64
 
 __all__ = [
     "RadiusResult",

@@ -20,7 +20,7 @@ exponentiated with numpy's float64 ``exp`` (the C library's, the same function t
 kernels call, so both paths agree bit for bit; torch's vectorised exp differs by 1 ulp on
 ~0.5 % of inputs). Tail sums T_k = Σ_{i>k} w_(i) are accumulated from the smallest weight
 up (small terms first, so T_k is accurate relative to itself, even far below ε).
-In the standard model (bounds.rounding) each weight carries a relative error
+In the standard model (kernels.floating) each weight carries a relative error
 ρ = EXP_REL + 747u (exp, plus the rounding of its argument |s - max| <= 746; smaller
 weights underflow and are covered by an absolute TINY each), each sum γ_n, the quotient u.
 ``_TailModel`` turns that into an upper bound τ⁺ >= τ and a lower bound τ⁻ <= τ.
@@ -42,14 +42,14 @@ import torch
 from scipy.special import ndtr, ndtri
 
 from bounds._box import as_float64, validate_scores
-from bounds.rounding import EXP_REL, TINY, U64, gamma
+from kernels.floating import EXP_REL, TINY, U64, gamma
 
 #: relative error of one weight exp(s_i - max) (exp itself + the rounded argument, |arg| <= 746)
 RHO_WEIGHT = EXP_REL + 747 * U64 * 1.001
 
 ASSUMPTIONS = (
     "real-arithmetic tail mass of softmax over unmasked keys; float64, outward rounding in the "
-    "standard model; C-library exp accurate to 2 ulp (tested in tests/test_rounding.py); "
+    "standard model; C-library exp accurate to 2 ulp (tested in tests/test_floating.py); "
     "-inf = masked key"
 )
 

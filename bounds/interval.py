@@ -3,7 +3,7 @@
 p_i ranges over [e^{l_i} / (e^{l_i} + Σ_{j≠i} e^{u_j}),  e^{u_i} / (e^{u_i} + Σ_{j≠i} e^{l_j})],
 both ends attained at vertices, so the interval is tight (DESIGN.md §1). Each end is
 1 / (1 + X·e^{M-x}) with Σ_{j≠i} e^{y_j} = X·e^{M}, X >= 1 computed from a shifted sum;
-rounding is bounded in the model of ``bounds.rounding`` and applied outward.
+rounding is bounded in the model of ``kernels.floating`` and applied outward.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bounds._box import score_box
-from bounds.rounding import EXP_REL, U64, gamma
+from kernels.floating import EXP_REL, U64, gamma
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ DESIGN.md §1, where the threshold theorem is checked.
 Soundness: the float sweep only *proposes* a value V. The returned upper bound λ >= V is
 *proved* by the linear certificate g(λ) = Σ_i max((c_i - λ) a_i, (c_i - λ) b_i) <= 0 (which
 says c·y <= λ·1·y on the whole box), evaluated with a rigorous error bound in the model of
-``bounds.rounding``. So the bound never lies on the wrong side of the real optimum.
+``kernels.floating``. So the bound never lies on the wrong side of the real optimum.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bounds._box import coefficient_box
-from bounds.rounding import EXP_REL, TINY, U64, gamma
+from kernels.floating import EXP_REL, TINY, U64, gamma
 
 ASSUMPTIONS = (
     "real-arithmetic optimum over the box lower <= s <= upper; float64 with outward rounding; "

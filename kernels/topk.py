@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from bounds._box import validate_scores
-from bounds.rounding import EXP_REL, TINY, U64, gamma
+from kernels.floating import EXP_REL, TINY, U64, gamma
 
 RHO_WEIGHT = EXP_REL + 747 * U64 * 1.001  # must equal analysis.topk.RHO_WEIGHT (tested)
 

@@ -2,7 +2,7 @@
 
 Same mathematics and error model as ``bounds.vertex``: the threshold theorem proposes the
 optimum, and the returned bound λ is proved by g(λ) = Σ_i max((c_i-λ)a_i, (c_i-λ)b_i) <= 0
-evaluated with a rigorous rounding-error bound (``bounds.rounding``). The minimum is the
+evaluated with a rigorous rounding-error bound (``kernels.floating``). The minimum is the
 maximum for -c, whose descending order is the reverse of c's, so one sort serves both.
 Rows run in parallel; no fastmath (it would void the error model).
 
@@ -20,7 +20,7 @@ import torch
 from numba import get_num_threads, njit, prange
 
 U = 2.0 ** -53
-EXP_REL = 4 * U  # equals bounds.rounding.EXP_REL (tested)
+EXP_REL = 4 * U  # equals kernels.floating.EXP_REL (tested)
 TINY = 2.0 ** -1060
 NORMAL_FLOOR = 2.0 ** -1000
 NEG_INF = -np.inf

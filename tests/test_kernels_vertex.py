@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import bounds
-from bounds import rounding
+from kernels import floating as rounding
 from kernels import vertex as kv
 
 

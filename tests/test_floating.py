@@ -1,4 +1,4 @@
-"""The exp accuracy assumed by the error model (bounds.rounding) holds for numpy and torch."""
+"""The exp accuracy assumed by the error model (kernels.floating) holds for numpy and torch."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import mpmath
 import numpy as np
 import torch
 
-from bounds.rounding import EXP_ULPS, gamma
+from kernels.floating import EXP_ULPS, gamma
 
 
 def test_float64_exp_within_assumed_ulps():
