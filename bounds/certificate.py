@@ -15,7 +15,7 @@ from fractions import Fraction
 import mpmath
 import torch
 
-from bounds._box import coefficient_box
+from bounds.box import coefficient_box
 
 
 @dataclass(frozen=True)
