@@ -19,14 +19,14 @@ def _plainly_valid(lo: torch.Tensor, hi: torch.Tensor) -> bool:
 
 
 def _check_python_ints(x, name: str) -> None:
-    """Reject Python ints (nested in lists/tuples) that float64 would round."""
-    stack = [x]
-    while stack:
-        item = stack.pop()
+    """Reject integers nested in lists/tuples (Python or numpy ints) that float64 would round;
+    np.asarray would round them silently when floats share the list."""
+    for item in x:
         if isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**53:
-            _require_exact(item, name)
+            _check_python_ints(item, name)
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool) and (
+                item > 2**53 or item < -(2**53)):
+            _require_exact(int(item), name)
 
 
 def _require_exact(v: int, name: str) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from bounds.box import coefficient_box
-from kernels.floating import EXP_REL, TINY, U64, dot_error, first_step, term_rel
+from kernels.floating import EXP_REL, EXP_ZERO_ARG, TINY, U64, dot_error, first_step, term_rel
 
 ASSUMPTIONS = (
     "real-arithmetic optimum over the box lower <= s <= upper; float64 with outward rounding; "
@@ -179,7 +179,7 @@ def certificate_gap(c, lo, hi, lam):
     w = x.exp()
     terms = d * w
     absx = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))
-    rel = term_rel(absx)
+    rel = term_rel(absx.clamp(max=EXP_ZERO_ARG))  # beyond it w = 0: absolute terms only
     n = c.shape[-1]
     abs_terms = terms.abs()
     d_abs = torch.where(active, d.abs(), torch.zeros_like(d))

@@ -22,7 +22,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from kernels import floating
-from kernels.floating import TINY, U64
+from kernels.floating import EXP_ZERO_ARG, TINY, U64
 
 #: weights below this take the robust path (a design threshold, not a rounding constant)
 FAST_PATH_MIN_WEIGHT = 2.0 ** -1000
@@ -75,7 +75,7 @@ def _gap(sign, c, lo, hi, a, b, xa, xb, lam, shifted):
         else:
             w, x = a[i], xa[i]
         t = d * w
-        rel = _term_rel(x)
+        rel = _term_rel(min(x, EXP_ZERO_ARG))  # beyond it w = 0 (also when s - m overflowed)
         g += t
         abs_sum += abs(t)
         rel_sum += abs(t) * rel
@@ -267,7 +267,7 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks):
                     lr[i] != NEG_INF and a[i] < FAST_PATH_MIN_WEIGHT
                 ):
                     robust = True
-                xmax = max(xmax, xa[i])
+                xmax = max(xmax, min(xa[i], EXP_ZERO_ARG))
             _argsort_desc(cr, order)
             upper[r] = _solve(1.0, cr, lr, hr, a, b, xa, xb, order, robust, cmax, cmin, scale,
                               xmax, up_mask[r], w1, w2, w3)
