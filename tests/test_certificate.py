@@ -161,3 +161,16 @@ def test_bad_claims_name_the_value(value):
 def test_bad_precision():
     with pytest.raises(ValueError, match="prec"):
         bounds.check_certificate([1.0], [0.0], [1.0], 1.0, prec=10)
+
+
+@settings(max_examples=40)
+@given(st.floats(-700, -600), st.floats(1e-12, 1e-3), st.floats(0.1, 1e6))
+def test_true_claims_hold_under_cancellation(x, delta, k):
+    """c = (k, -k): the optimum -k·tanh(δ/2) is far below |c|, so 53-bit exp enclosures
+    (the old check) are much wider than the 3-ulp margin and refuted true claims."""
+    c, s = [k, -k], [x, x + delta]
+    worst, best = brute_force_extrema(c, s, s, dps=60)
+    up = float(best)
+    up = up if up >= best else _ulps(up, 1)
+    assert bounds.check_certificate(c, s, s, _ulps(up, 3)).holds is True
+    assert bounds.check_certificate(c, s, s, _ulps(up, -4)).holds is False
