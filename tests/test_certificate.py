@@ -1,12 +1,17 @@
 """Exact rational re-check of Vertex-Softmax bounds, cross-checked with z3 (LRA)."""
 from __future__ import annotations
 
+from decimal import Decimal
 from fractions import Fraction
 
 import mpmath
 import numpy as np
 import pytest
+import torch
 import z3
+from conftest import brute_force_extrema
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bounds
 
@@ -69,14 +74,6 @@ def test_bad_input():
 
 
 # --- exactness (issue 10): the claim as a rational, exp enclosed at the requested precision ---
-
-from decimal import Decimal  # noqa: E402
-
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from conftest import brute_force_extrema  # noqa: E402
 
 
 def test_claims_are_exact_rationals_not_floats():

@@ -8,11 +8,11 @@ import mpmath
 import numpy as np
 import pytest
 import torch
+from conftest import brute_force_extrema, mp_softmax_value
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bounds
-from conftest import brute_force_extrema, mp_softmax_value
 
 NINF = float("-inf")
 BACKENDS = ["torch", "numba"]
