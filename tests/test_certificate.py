@@ -171,3 +171,12 @@ def test_true_claims_hold_under_cancellation(x, delta, k):
     up = up if up >= best else _ulps(up, 1)
     assert bounds.check_certificate(c, s, s, _ulps(up, 3)).holds is True
     assert bounds.check_certificate(c, s, s, _ulps(up, -4)).holds is False
+
+
+def test_integer_claims_and_coefficients_beyond_2_53():
+    """Issue 10 (forged records): JSON integers are exact. c = [2^53 + 4] (a float64) over
+    [0, 0] has value 2^53 + 4 > 2^53 + 3; c = [2^53 + 1] is not a float64 and is refused."""
+    assert bounds.check_certificate([2**53 + 4], [0.0], [0.0], 2**53 + 3).holds is False
+    assert bounds.check_certificate([2**53 + 4], [0.0], [0.0], 2**53 + 4).holds is True
+    with pytest.raises(ValueError, match="c: the integer"):
+        bounds.check_certificate([2**53 + 1], [0.0], [0.0], 2**53)
