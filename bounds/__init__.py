@@ -2,11 +2,14 @@
 
 - ``vertex_softmax``: exact min/max of c·softmax(s) over lower <= s <= upper, outward rounded.
 - ``softmax_interval``: tight elementwise bounds of softmax(s) over the box.
-- ``check_certificate``: exact rational re-check of a bound.
+- ``check_certificate``: exact decision of a claimed bound ("holds" / "refuted" / "undecided");
+  ``exact_rational`` reads a claim (int, float, Fraction, Decimal, str) without rounding.
+- ``bounds.box``: the input validation every bound shares (float64 CPU tensors, ValueError
+  naming the argument).
 - baselines for comparison: ``naive_interval``, ``shi2020``, ``wei2023_lse``, ``wei2023_er``.
 """
 from bounds.baselines import BASELINES, BoxBounds, naive_interval, shi2020, wei2023_er, wei2023_lse
-from bounds.certificate import CertificateCheck, check_certificate
+from bounds.certificate import CertificateCheck, check_certificate, exact_rational
 from bounds.interval import SoftmaxInterval, softmax_interval
 from bounds.vertex import VertexBounds, vertex_softmax
 
@@ -17,6 +20,7 @@ __all__ = [
     "SoftmaxInterval",
     "VertexBounds",
     "check_certificate",
+    "exact_rational",
     "naive_interval",
     "shi2020",
     "softmax_interval",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bounds._box import coefficient_box
+from bounds.box import coefficient_box
 from bounds.interval import softmax_interval
 
 

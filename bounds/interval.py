@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bounds._box import score_box
+from bounds.box import score_box
 from kernels.floating import EXP_REL, U64, gamma
 
 

@@ -12,15 +12,21 @@ Soundness: the float sweep only *proposes* a value V. The returned upper bound �
 *proved* by the linear certificate g(λ) = Σ_i max((c_i - λ) a_i, (c_i - λ) b_i) <= 0 (which
 says c·y <= λ·1·y on the whole box), evaluated with a rigorous error bound in the model of
 ``kernels.floating``. So the bound never lies on the wrong side of the real optimum.
+
+Tiny coefficients: each row's c is first scaled by an exact power of two so that
+max |c_i| lies in [1, 2) (only upwards, so no bit is lost); the bounds are scaled back and
+rounded outward. The relative error model then holds for every term that matters, and an
+optimum of 1e-300 is certified as tightly as one of 1 (tests/test_vertex.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from bounds._box import coefficient_box
-from kernels.floating import EXP_REL, TINY, U64, gamma
+from bounds.box import coefficient_box
+from kernels.floating import EXP_REL, EXP_ZERO_ARG, TINY, U64, dot_error, first_step, term_rel
 
 ASSUMPTIONS = (
     "real-arithmetic optimum over the box lower <= s <= upper; float64 with outward rounding; "
@@ -47,31 +53,64 @@ class VertexBounds:
 def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     """Exact bounds of c·softmax(s) over lower <= s <= upper (last axis; leading axes batch).
 
-    Inputs broadcast like torch; float32 or float64 in, float64 out. ``backend``: "torch"
-    (vectorised reference), "numba" (``kernels.vertex``, parallel over rows) or "auto"
-    (numba). Both certify their bound with the same error model; they pick the same vertex
-    and agree to within that rounding margin (tests/test_kernels_vertex.py).
+    Inputs broadcast like torch. float16/float32/float64 and integer inputs are widened to
+    float64 exactly; an integer that float64 cannot hold exactly (|v| > 2^53) raises
+    ValueError naming the argument, as does a meta tensor. Tensors on any device are copied
+    to the CPU: results are CPU float64 tensors. ``backend``: "torch" (vectorised reference),
+    "numba" (``kernels.vertex``, parallel over rows) or "auto" (numba). Both certify their
+    bound with the error model of ``kernels.floating``; they agree to within its rounding
+    margin (tests/test_kernels_vertex.py).
     """
+    if backend not in ("auto", "numba", "torch"):
+        raise ValueError(f"backend: expected 'auto', 'torch' or 'numba', got {backend!r}")
     c, lo, hi = coefficient_box(c, lower, upper)
     batch_shape = c.shape[:-1]
     n = c.shape[-1]
     c2, lo2, hi2 = (t.reshape(-1, n) for t in (c, lo, hi))
+    c2, k = _normalise(c2, hi2)
     if backend in ("numba", "auto"):
         from kernels.vertex import vertex_bounds
 
-        low, up, lo_mask, up_mask = vertex_bounds(c2, lo2, hi2)
-    elif backend == "torch":
+        low, up, lo_mask, up_mask = (torch.from_numpy(x) for x in vertex_bounds(
+            c2.numpy(), lo2.numpy(), hi2.numpy()))
+    else:
         up, up_mask = _max_with_vertex(c2, lo2, hi2)
         neg_low, lo_mask = _max_with_vertex(-c2, lo2, hi2)
         low = -neg_low
-    else:
-        raise ValueError(f"backend: expected 'auto', 'torch' or 'numba', got {backend!r}")
+    low, up = _denormalise(low, k, -1.0), _denormalise(up, k, 1.0)
     return VertexBounds(
         lower=low.reshape(batch_shape),
         upper=up.reshape(batch_shape),
         lower_vertex=torch.where(lo_mask, hi2, lo2).reshape(c.shape),
         upper_vertex=torch.where(up_mask, hi2, lo2).reshape(c.shape),
     )
+
+
+def _normalise(c: torch.Tensor, hi: torch.Tensor):
+    """Scale each row of c by 2^k, k >= 0, so that max |c_i| (unmasked) lies in [1, 2).
+
+    Multiplying by a power of two upwards is exact, and c·softmax scales with c, so the
+    problem is the same; it keeps the products c·w and (c - λ)·w out of the subnormal
+    range, where the relative error model would not hold.
+    """
+    scale = torch.where(torch.isneginf(hi), torch.zeros_like(c), c.abs()).amax(-1)
+    _, e = np.frexp(scale.numpy())  # scale = m 2^e, m in [0.5, 1)
+    k = np.where(scale.numpy() > 0, np.maximum(1 - e, 0), 0).astype(np.int64)
+    if not k.any():
+        return c, None
+    return torch.from_numpy(np.ldexp(c.numpy(), k[:, None])), k
+
+
+def _denormalise(bound: torch.Tensor, k, direction: float) -> torch.Tensor:
+    """bound · 2^-k, rounded outward (``direction`` +1 up, -1 down) when it lands below the
+    normal range and loses bits."""
+    if k is None:
+        return bound
+    b = bound.numpy()
+    out = np.ldexp(b, -k)
+    inexact = np.ldexp(out, k) != b  # scaling back up is exact: compare to detect rounding
+    out = np.where(inexact, np.nextafter(out, direction * np.inf), out)
+    return torch.from_numpy(out)
 
 
 def _max_with_vertex(c, lo, hi):
@@ -140,13 +179,12 @@ def certificate_gap(c, lo, hi, lam):
     w = x.exp()
     terms = d * w
     absx = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))
-    # per term: exp error, the rounding of x (amplified by |x|), of d and of the product
-    rel = EXP_REL + 4 * U64 + 1.01 * U64 * absx
+    rel = term_rel(absx.clamp(max=EXP_ZERO_ARG))  # beyond it w = 0: absolute terms only
     n = c.shape[-1]
     abs_terms = terms.abs()
-    err = 1.01 * (
-        (abs_terms * rel).sum(-1) + gamma(n + 1) * abs_terms.sum(-1) * (1 + rel.amax(-1))
-    ) + d.abs().sum(-1) * TINY
+    d_abs = torch.where(active, d.abs(), torch.zeros_like(d))
+    err = dot_error((abs_terms * rel).sum(-1), abs_terms.sum(-1), rel.amax(-1), d_abs.sum(-1),
+                    active.sum(-1).to(d.dtype), n)
     return terms.sum(-1), err, w.sum(-1)
 
 
@@ -160,8 +198,7 @@ def certify_upper(c, lo, hi, value, max_rounds: int = 64) -> torch.Tensor:
     cmax = torch.where(active, c, torch.full_like(c, float("-inf"))).amax(-1)
     scale = torch.where(active, c.abs(), torch.zeros_like(c)).amax(-1)
     g, err, dsum = certificate_gap(c, lo, hi, value)
-    step = (g.clamp(min=0) + 2 * err) / dsum.clamp(min=TINY) + 2 * U64 * value.abs()
-    step = step + TINY * (1 + scale)
+    step = first_step(g.clamp(min=0), err, dsum.clamp(min=TINY), value, scale)
     bound = value.clone()
     proved = torch.zeros_like(value, dtype=torch.bool)
     for _ in range(max_rounds):

@@ -30,3 +30,57 @@ def gamma(n: int, u: float = U64) -> float:
     if nu >= 1:
         return math.inf
     return nu / (1.0 - nu)
+
+
+#: smallest positive normal float64; below it the relative model above does not hold
+NORMAL_MIN = 2.0 ** -1022
+#: the subnormal spacing: a rounded product or quotient whose exact value lies below the
+#: normal range is off by at most half of it (sums and differences there are exact).
+#: (2^-1075 itself is not a float64: it rounds to 0, so we charge the whole spacing.)
+SUBNORMAL_ULP = 2.0 ** -1074
+
+
+#: exp(-x) rounds to 0 in float64 for x > 745.14: a term with |x| beyond this carries w = 0,
+#: its error is absolute (``dot_error``), so callers clip |x| here before ``term_rel``
+EXP_ZERO_ARG = 746.0
+
+
+def term_rel(x):
+    """Relative error bound of one term d·w, w = exp(x̂), x̂ = fl(s - m), |x̂| = ``x``.
+
+    EXP_REL for exp, u|x| (1.01 for the exponential of it) for rounding the argument, and
+    4u for rounding d = c - λ, the product and second-order terms. Valid while d·w and w are
+    normal; ``dot_error`` adds the absolute terms for the subnormal range. ``x`` clipped to
+    EXP_ZERO_ARG (beyond it w = 0 and only the absolute terms apply). Works on floats,
+    numpy arrays and torch tensors alike (both Vertex backends use it).
+    """
+    return EXP_REL + 4 * U64 + 1.01 * U64 * x
+
+
+def dot_error(rel_sum, abs_sum, rel_max, d_abs_sum, n_terms, n):
+    """Bound on |fl(Σ_i d_i w_i) - Σ_i d_i e^{x_i}| for a certificate of n entries.
+
+    rel_sum = Σ|t_i| rel_i and abs_sum = Σ|t_i| over the computed terms t_i = fl(d_i w_i),
+    rel_max = max rel_i (``term_rel``), d_abs_sum = Σ|d_i|, n_terms = number of terms.
+    Relative part: each term off by rel_i, the sum in any order by γ_{n+1} (Higham §2.2,
+    ``gamma``; inlined so Numba can compile this function). Absolute part for results below
+    the normal range: a subnormal w is off by EXP_ULPS·2^-1074 <= TINY per unit |d|, and a
+    product that underflows (to a subnormal or to zero) by SUBNORMAL_ULP / 2; we charge
+    SUBNORMAL_ULP per term. Without that last term, rows whose products all underflow
+    "prove" g <= 0 from g = 0 (tests/test_vertex.py, subnormal products).
+    """
+    nu = (n + 1) * U64
+    g = nu / (1.0 - nu)
+    return (1.01 * (rel_sum + g * abs_sum * (1 + rel_max)) + d_abs_sum * TINY
+            + n_terms * SUBNORMAL_ULP)
+
+
+def first_step(g_pos, err, d_sum, value, scale):
+    """First widening of λ above the proposed value: (g⁺ + 2 err)/D + 2u|λ| + TINY (1 + scale).
+
+    g(λ + h) = g(λ) - h·D exactly in real arithmetic (D = Σ chosen weights, the chosen
+    vertex does not change for h > 0 small), so h = (g⁺ + 2 err)/D makes the new g about
+    -err; the other terms cover the rounding of λ + h and a zero D. ``d_sum`` must be
+    positive (callers clamp it by TINY). Later trials multiply the step by 4.
+    """
+    return (g_pos + 2 * err) / d_sum + 2 * U64 * abs(value) + TINY * (1 + scale)

@@ -1,35 +1,37 @@
 """Numba kernel for batched Vertex-Softmax: one sort, two sweeps, two certificates per row.
 
-Same mathematics and error model as ``bounds.vertex``: the threshold theorem proposes the
-optimum, and the returned bound λ is proved by g(λ) = Σ_i max((c_i-λ)a_i, (c_i-λ)b_i) <= 0
-evaluated with a rigorous rounding-error bound (``kernels.floating``). The minimum is the
+Array in, array out (numpy float64); ``bounds.vertex_softmax(backend="numba")`` calls it.
+The threshold theorem proposes the optimum, and the returned bound λ is proved by
+g(λ) = Σ_i max((c_i-λ)a_i, (c_i-λ)b_i) <= 0 evaluated with the rigorous rounding-error
+bound of ``kernels.floating`` (``term_rel``, ``dot_error``, ``first_step``: the same
+formulas the torch reference uses, compiled here). The minimum is the
 maximum for -c, whose descending order is the reverse of c's, so one sort serves both.
 Rows run in parallel; no fastmath (it would void the error model).
 
 Fast path: weights a = e^{l-M}, b = e^{u-M}, M the row's largest upper score, computed once
 and reused by both sweeps and every certificate round. Rows where a weight would leave the
 normal float range (scores spread over more than ~690) take the robust path: online
-(max, sum) scans and per-vertex shifts, which never underflow.
+(max, sum) scans and per-vertex shifts, which never underflow. Products that still
+underflow are charged by ``dot_error``'s absolute terms.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import torch
 from numba import get_num_threads, njit, prange
 
-U = 2.0 ** -53
-EXP_REL = 4 * U  # equals kernels.floating.EXP_REL (tested)
-TINY = 2.0 ** -1060
-NORMAL_FLOOR = 2.0 ** -1000
+from kernels import floating
+from kernels.floating import EXP_ZERO_ARG, TINY, U64
+
+#: weights below this take the robust path (a design threshold, not a rounding constant)
+FAST_PATH_MIN_WEIGHT = 2.0 ** -1000
 NEG_INF = -np.inf
 
-
-@njit(cache=True)
-def _gamma(n):
-    nu = n * U
-    return nu / (1.0 - nu)
+# the shared error formulas, compiled (numba freezes the constants they read)
+_term_rel = njit(cache=True)(floating.term_rel)
+_dot_error = njit(cache=True)(floating.dot_error)
+_first_step = njit(cache=True)(floating.first_step)
 
 
 @njit(cache=True)
@@ -55,11 +57,13 @@ def _gap(sign, c, lo, hi, a, b, xa, xb, lam, shifted):
     rel_max = 0.0
     d_sum = 0.0
     w_sum = 0.0
+    n_terms = 0
     for i in range(n):
         if hi[i] == NEG_INF:
             continue
         d = sign * c[i] - lam
         d_sum += abs(d)
+        n_terms += 1
         if shifted:
             s = hi[i] if d > 0 else lo[i]
             if s == NEG_INF:
@@ -71,21 +75,20 @@ def _gap(sign, c, lo, hi, a, b, xa, xb, lam, shifted):
         else:
             w, x = a[i], xa[i]
         t = d * w
-        rel = EXP_REL + 4 * U + 1.01 * U * x
+        rel = _term_rel(min(x, EXP_ZERO_ARG))  # beyond it w = 0 (also when s - m overflowed)
         g += t
         abs_sum += abs(t)
         rel_sum += abs(t) * rel
         rel_max = max(rel_max, rel)
         w_sum += w
-    err = 1.01 * (rel_sum + _gamma(n + 1) * abs_sum * (1 + rel_max)) + d_sum * TINY
-    return g, err, w_sum
+    return g, _dot_error(rel_sum, abs_sum, rel_max, d_sum, n_terms, n), w_sum
 
 
 @njit(cache=True)
 def _certify(sign, c, lo, hi, a, b, xa, xb, value, shifted, cmax, scale):
     """Smallest proved λ >= value (see bounds.vertex.certify_upper)."""
     g, err, dsum = _gap(sign, c, lo, hi, a, b, xa, xb, value, shifted)
-    step = (max(g, 0.0) + 2 * err) / max(dsum, TINY) + 2 * U * abs(value) + TINY * (1 + scale)
+    step = _first_step(max(g, 0.0), err, max(dsum, TINY), value, scale)
     return _prove_above(sign, c, lo, hi, a, b, xa, xb, value, step, shifted, cmax)
 
 
@@ -110,9 +113,10 @@ def _certify_fast(sign, c, lo, hi, a, b, xa, xb, value, cmax, cmin, scale, xmax)
     usually proves the bound at the first trial. The trial is still checked by ``_gap``.
     """
     n = c.shape[0]
-    rel_max = EXP_REL + 4 * U + 1.01 * U * xmax
-    step = 3.03 * (rel_max + _gamma(n + 1)) * (1 + rel_max) * (cmax - cmin)
-    step += 2 * U * abs(value) + TINY * (1 + scale)
+    rel_max = _term_rel(xmax)
+    nu = (n + 1) * U64
+    step = 3.03 * (rel_max + nu / (1.0 - nu)) * (1 + rel_max) * (cmax - cmin)
+    step += 2 * U64 * abs(value) + TINY * (1 + scale)
     return _prove_above(sign, c, lo, hi, a, b, xa, xb, value, step, False, cmax)
 
 
@@ -259,11 +263,11 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks):
                 xa[i] = top - lr[i] if lr[i] != NEG_INF else 0.0
                 b[i] = math.exp(-xb[i]) if hr[i] != NEG_INF else 0.0
                 a[i] = math.exp(-xa[i]) if lr[i] != NEG_INF else 0.0
-                if (hr[i] != NEG_INF and b[i] < NORMAL_FLOOR) or (
-                    lr[i] != NEG_INF and a[i] < NORMAL_FLOOR
+                if (hr[i] != NEG_INF and b[i] < FAST_PATH_MIN_WEIGHT) or (
+                    lr[i] != NEG_INF and a[i] < FAST_PATH_MIN_WEIGHT
                 ):
                     robust = True
-                xmax = max(xmax, xa[i])
+                xmax = max(xmax, min(xa[i], EXP_ZERO_ARG))
             _argsort_desc(cr, order)
             upper[r] = _solve(1.0, cr, lr, hr, a, b, xa, xb, order, robust, cmax, cmin, scale,
                               xmax, up_mask[r], w1, w2, w3)
@@ -271,14 +275,19 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks):
                                scale, xmax, lo_mask[r], w1, w2, w3)
 
 
-def vertex_bounds(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """(R, n) float64 tensors -> (lower (R,), upper (R,), lower mask, upper mask)."""
-    cn, ln, hn = (np.ascontiguousarray(t.numpy()) for t in (c, lo, hi))
+def vertex_bounds(c: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """Certified bounds of c·softmax(s) over lo <= s <= hi, one row per (R, n) row.
+
+    Inputs: float64 arrays of one shape (R, n), validated by the caller (no NaN, no +inf,
+    lo <= hi, no fully masked row; -inf in hi marks a masked entry). Returns numpy arrays
+    (lower (R,), upper (R,), lower-vertex mask (R, n), upper-vertex mask (R, n)); a mask
+    entry is True where the optimal vertex puts that score at its upper bound.
+    """
+    cn, ln, hn = (np.ascontiguousarray(x, dtype=np.float64) for x in (c, lo, hi))
     rows = cn.shape[0]
     upper, lower = np.empty(rows), np.empty(rows)
     up_mask = np.zeros(cn.shape, dtype=np.bool_)
     lo_mask = np.zeros(cn.shape, dtype=np.bool_)
     chunks = max(1, min(rows, 8 * get_num_threads()))
     vertex_rows(cn, ln, hn, upper, lower, up_mask, lo_mask, chunks)
-    return (torch.from_numpy(lower), torch.from_numpy(upper),
-            torch.from_numpy(lo_mask), torch.from_numpy(up_mask))
+    return lower, upper, lo_mask, up_mask

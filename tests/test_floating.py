@@ -7,7 +7,17 @@ import mpmath
 import numpy as np
 import torch
 
-from kernels.floating import EXP_ULPS, gamma
+from kernels.floating import (
+    EXP_ULPS,
+    EXP_ZERO_ARG,
+    NORMAL_MIN,
+    SUBNORMAL_ULP,
+    TINY,
+    dot_error,
+    first_step,
+    gamma,
+    term_rel,
+)
 
 
 def test_float64_exp_within_assumed_ulps():
@@ -28,3 +38,40 @@ def test_gamma():
     assert gamma(0) == 0
     assert math.isclose(gamma(10, 0.001), 0.01 / 0.99)
     assert gamma(10**20) == math.inf
+
+
+def test_exp_below_the_normal_range_within_the_absolute_floor():
+    """The absolute part of the model: where exp's result is subnormal (or 0), numpy and torch
+    are off by at most EXP_ULPS subnormal spacings, which TINY covers per unit |d|."""
+    x = np.concatenate([np.linspace(-760.0, -708.0, 2001), [-745.1332191019411, -745.2, -708.4]])
+    for y in (np.exp(x), torch.exp(torch.tensor(x)).numpy()):
+        for xi, yi in zip(x, y):
+            err = abs(mpmath.mpf(float(yi)) - mpmath.exp(mpmath.mpf(float(xi))))
+            assert err <= EXP_ULPS * SUBNORMAL_ULP <= TINY, (xi, yi)
+
+
+def test_underflow_constants_are_not_zero():
+    # 2.0 ** -1075 rounds to 0.0: an error floor written that way charges nothing
+    assert 2.0 ** -1075 == 0.0
+    assert SUBNORMAL_ULP > 0 and SUBNORMAL_ULP / 2 == 0.0 and SUBNORMAL_ULP == math.ulp(0.0)
+    assert NORMAL_MIN == np.finfo(np.float64).tiny
+    assert math.exp(-EXP_ZERO_ARG) == 0.0 and np.exp(-EXP_ZERO_ARG) == 0.0
+
+
+def test_dot_error_charges_underflowed_products():
+    """Products that round to zero still carry SUBNORMAL_ULP / 2 each; dot_error charges
+    them even when every computed term is 0 (issue 10, subnormal products)."""
+    d = [mpmath.mpf(5e-25), mpmath.mpf(-2.5e-25)]
+    w = mpmath.exp(-690)
+    exact = mpmath.fsum(di * w for di in d)
+    terms = [float(di) * float(w) for di in d]
+    g = sum(terms)
+    rels = [term_rel(690.0)] * 2
+    err = dot_error(sum(abs(t) * r for t, r in zip(terms, rels)), sum(abs(t) for t in terms),
+                    max(rels), sum(abs(float(di)) for di in d), 2, 2)
+    assert err > 0 and abs(mpmath.mpf(g) - exact) <= err
+
+
+def test_first_step_makes_progress():
+    assert first_step(0.0, 0.0, 1.0, 0.0, 0.0) >= TINY
+    assert first_step(1.0, 0.5, 4.0, 3.0, 1.0) >= (1.0 + 1.0) / 4.0

@@ -5,7 +5,7 @@ import mpmath
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bounds
@@ -89,3 +89,39 @@ def test_batched_shape_and_bad_input():
         bounds.softmax_interval([1.0, 0.0], [0.0, 1.0])
     with pytest.raises(ValueError, match="upper: contains NaN"):
         bounds.softmax_interval([0.0], [float("nan")])
+
+
+def _exact_end(lo, hi, i, upper):
+    """e^{u_i}/(e^{u_i} + Σ_{j≠i} e^{l_j}) (upper) or e^{l_i}/(e^{l_i} + Σ_{j≠i} e^{u_j}), in
+    mpmath at 60 digits, shifted by the entry's own score (no overflow at ±1e308)."""
+    with mpmath.workdps(60):
+        s = hi[i] if upper else lo[i]
+        if s == NINF:
+            return mpmath.mpf(0)
+        other = [lo[j] if upper else hi[j] for j in range(len(lo)) if j != i]
+        tot = mpmath.fsum(mpmath.exp(mpmath.mpf(x) - mpmath.mpf(s)) for x in other if x != NINF)
+        return 1 / (1 + tot)
+
+
+edge_score = st.one_of(
+    st.floats(-760, 0),
+    st.tuples(st.sampled_from([-1.0, 1.0]), st.integers(290, 307), st.floats(1, 9)).map(
+        lambda t: t[0] * t[2] * 10.0 ** t[1]),
+)
+
+
+@settings(max_examples=80)
+@given(st.integers(1, 4).flatmap(lambda n: st.tuples(
+    st.lists(edge_score, min_size=n, max_size=n),
+    st.lists(st.sampled_from([0.0, 1e-3, 30.0, 745.0, 800.0]), min_size=n, max_size=n),
+)))
+def test_property_edges_of_the_float_range(data):
+    """Scores from -760 (subnormal and zero exponentials) to ±1e308 (overflowing differences):
+    the interval still encloses the exact ends (relative slack only: no absolute floor)."""
+    lo = np.array(data[0])
+    hi = np.minimum(lo + np.array(data[1]), 1.7e308)
+    res = bounds.softmax_interval(lo, hi)
+    slack = mpmath.mpf(10) ** -40
+    for i in range(len(lo)):
+        assert mpmath.mpf(res.upper[i].item()) >= _exact_end(lo, hi, i, True) * (1 - slack)
+        assert mpmath.mpf(res.lower[i].item()) <= _exact_end(lo, hi, i, False) * (1 + slack)

@@ -1,17 +1,18 @@
 """Vertex-Softmax against brute force (mpmath, 50 digits), sampling and exact checks."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import mpmath
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from conftest import brute_force_extrema, mp_softmax_value
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bounds
-from conftest import brute_force_extrema, mp_softmax_value
 
 NINF = float("-inf")
 BACKENDS = ["torch", "numba"]
@@ -243,3 +244,179 @@ def test_candidate_values_are_unimodal():
         assert all(v[i] <= v[i + 1] + 1e-12 for i in range(peak))
         assert all(v[i] >= v[i + 1] - 1e-12 for i in range(peak, n))
         assert bounds.vertex_softmax(c, lo, hi).upper.item() >= max(v)
+
+
+# --- the edges of the error model (issue 10): subnormal products, float64 limits, huge n ---
+
+REL_ORACLE = mpmath.mpf(10) ** -45  # relative: the oracle runs at 50 digits, at any magnitude
+
+
+def _assert_sound_tight(res, worst, best, c, rel=1e-9):
+    """Outward against the oracle at every magnitude (relative slack, not absolute), and
+    within ``rel`` of max(|optimum|, max |c_i|) (README, "Tightness")."""
+    upper, lower = mpmath.mpf(res.upper.item()), mpmath.mpf(res.lower.item())
+    assert upper >= best - REL_ORACLE * abs(best), (res.upper.item(), best)
+    assert lower <= worst + REL_ORACLE * abs(worst), (res.lower.item(), worst)
+    scale = max(abs(best), abs(worst), mpmath.mpf(float(np.max(np.abs(c)))))
+    assert upper - best <= rel * scale and worst - lower <= rel * scale
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("c", [[0.0, 5e-25], [0.0, 1.0502147743114552e-14]])
+def test_reported_subnormal_products(backend, c):
+    """Issue 10: the numba backend returned 1.19e-37 (true 2.5e-25) and 5.251073871049582e-15
+    (true 5.251073871557276e-15): products d·w below the normal range were not charged."""
+    lo, hi = [-690.0, -690.0], [0.0, -690.0]
+    res = bounds.vertex_softmax(c, lo, hi, backend=backend)
+    worst, best = brute_force_extrema(c, lo, hi, dps=60)
+    _assert_sound_tight(res, worst, best, c, rel=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reported_huge_n_subnormal_terms(backend):
+    """Issue 10: torch returned 8.095e-320 against 2.2233e-319 (1e5 products of 0.45·2^-1074
+    each rounded to zero)."""
+    k = 100_000
+    x = float(mpmath.log(mpmath.mpf(0.45) * mpmath.mpf(2) ** -1074 / mpmath.mpf(1e-300)))
+    c = np.array([0.0] + [1e-300] * k)
+    s = np.array([0.0] + [x] * k)
+    res = bounds.vertex_softmax(c, s, s, backend=backend)
+    w = mpmath.exp(mpmath.mpf(x))
+    exact = k * mpmath.mpf(1e-300) * w / (1 + k * w)
+    assert mpmath.mpf(res.upper.item()) >= exact and mpmath.mpf(res.lower.item()) <= exact
+    assert res.upper.item() - float(exact) <= 1e-9 * 1e-300
+
+
+def _grouped_extrema(cs, los, his, counts):
+    """(min, max) over vertices for groups of identical entries (same c and box), at 60 digits.
+
+    Identical entries sit on the same side at an optimum (threshold theorem), so the 2^m
+    group choices with multiplicities cover every candidate vertex."""
+    with mpmath.workdps(60):
+        top = max(his)
+        ends = [(mpmath.exp(mpmath.mpf(lo) - top), mpmath.exp(mpmath.mpf(hi) - top))
+                for lo, hi in zip(los, his)]
+        vals = []
+        for choice in itertools.product((0, 1), repeat=len(cs)):
+            y = [ends[j][k] * counts[j] for j, k in enumerate(choice)]
+            vals.append(mpmath.fsum(mpmath.mpf(c) * yj for c, yj in zip(cs, y)) / mpmath.fsum(y))
+        return min(vals), max(vals)
+
+
+def _scaled(mantissa, exponent):
+    return float(mpmath.mpf(mantissa) * mpmath.mpf(10) ** exponent)
+
+
+tiny_c = st.tuples(st.floats(-1, 1), st.integers(-323, 0)).map(lambda t: _scaled(*t))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=40)
+@given(data=st.integers(1, 4).flatmap(lambda n: st.tuples(
+    st.lists(tiny_c, min_size=n, max_size=n),
+    st.lists(st.floats(-745, -600), min_size=n, max_size=n),
+    st.lists(st.sampled_from([0.0, 1e-3, 50.0, 600.0]), min_size=n, max_size=n),
+)))
+def test_property_subnormal_products_and_tiny_c(backend, data):
+    """c from 1e-323 to 1, scores where e^s and c·e^s leave the normal range."""
+    c, lo, width = (np.array(x, dtype=float) for x in data)
+    hi = lo + width
+    res = bounds.vertex_softmax(c, lo, hi, backend=backend)
+    worst, best = brute_force_extrema(c, lo, hi, dps=60)
+    _assert_sound_tight(res, worst, best, c)
+
+
+limit_score = st.tuples(st.floats(-1, 1), st.integers(290, 308)).map(lambda t: _scaled(*t))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=40)
+@given(data=st.integers(1, 4).flatmap(lambda n: st.tuples(
+    st.lists(st.floats(-1e3, 1e3), min_size=n, max_size=n),
+    st.lists(limit_score | st.floats(-800, 800), min_size=n, max_size=n),
+    st.lists(limit_score | st.floats(0, 800), min_size=n, max_size=n),
+)))
+def test_property_exponents_near_float64_limits(backend, data):
+    """Scores up to ±1e308, so that differences of scores overflow to ±inf."""
+    c, lo, other = (np.array(x, dtype=float) for x in data)
+    lo, hi = np.minimum(lo, lo + np.abs(other)), np.maximum(lo, lo + np.abs(other))
+    hi = np.where(np.isfinite(hi), hi, 1.7e308)
+    res = bounds.vertex_softmax(c, lo, hi, backend=backend)
+    worst, best = brute_force_extrema(c, lo, hi, dps=60)
+    _assert_sound_tight(res, worst, best, c)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=12)
+@given(data=st.integers(1, 3).flatmap(lambda m: st.tuples(
+    st.lists(tiny_c | st.floats(-5, 5), min_size=m, max_size=m),
+    st.lists(st.floats(-760, 0), min_size=m, max_size=m),
+    st.lists(st.sampled_from([0.0, 0.5, 30.0]), min_size=m, max_size=m),
+    st.lists(st.integers(1, 40_000), min_size=m, max_size=m),
+)))
+def test_property_huge_n_few_distinct_values(backend, data):
+    """Up to 120,000 keys in at most three groups of identical entries: sums of many
+    underflowing terms, against a grouped oracle."""
+    cs, los, widths, counts = data
+    his = [lo + w for lo, w in zip(los, widths)]
+    his[0] = max(his[0], 0.0)  # one group reaches the top, as after a max-shift
+    c = np.repeat(cs, counts)
+    lo = np.repeat(los, counts)
+    hi = np.repeat(his, counts)
+    res = bounds.vertex_softmax(c, lo, hi, backend=backend)
+    worst, best = _grouped_extrema(cs, los, his, counts)
+    _assert_sound_tight(res, worst, best, c)
+
+
+@settings(max_examples=60)
+@given(data=st.integers(1, 5).flatmap(lambda n: st.tuples(
+    st.lists(tiny_c, min_size=n, max_size=n),
+    st.lists(st.floats(-760, 0), min_size=n, max_size=n),
+    st.lists(st.booleans(), min_size=n, max_size=n),
+    st.floats(-1, 1),
+)))
+def test_property_certificate_gap_encloses_the_exact_sum(data):
+    """The error model itself (kernels.floating.dot_error, through the torch evaluation of
+    g): |G - g(λ) e^{-M}| <= err, with unnormalised tiny c so that products underflow."""
+    from bounds.vertex import certificate_gap
+
+    c, s, up, frac = data
+    c = torch.tensor([c], dtype=torch.float64)
+    s = torch.tensor([s], dtype=torch.float64)
+    lam = c.amax(-1) * frac if frac >= 0 else c.amin(-1) * -frac
+    up_mask = torch.tensor([up])
+    lo, hi = torch.where(up_mask, s - 1.0, s), torch.where(up_mask, s, s + 1.0)
+    g, err, _ = certificate_gap(c, lo, hi, lam)
+    with mpmath.workdps(60):
+        lam_mp = mpmath.mpf(lam.item())
+        chosen = [hi[0, i].item() if c[0, i].item() > lam.item() else lo[0, i].item()
+                  for i in range(c.shape[1])]
+        m = max(chosen)
+        exact = mpmath.fsum((mpmath.mpf(c[0, i].item()) - lam_mp) * mpmath.exp(mpmath.mpf(x) - m)
+                            for i, x in enumerate(chosen))
+        assert abs(mpmath.mpf(g.item()) - exact) <= mpmath.mpf(err.item()), (g, exact, err)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_integers_beyond_2_53_are_refused_not_rounded(backend):
+    """Issue 10: c = [2**53 + 1] gave 2**53, a bound for another c."""
+    with pytest.raises(ValueError, match="c: the integer 9007199254740993"):
+        bounds.vertex_softmax([2**53 + 1], [0.0], [0.0], backend=backend)
+    with pytest.raises(ValueError, match="c: the integer"):
+        bounds.vertex_softmax(torch.tensor([2**53 + 1, 0]), [0.0, 0.0], [0.0, 1.0], backend=backend)
+    with pytest.raises(ValueError, match="c: the integer"):
+        bounds.vertex_softmax([0.5, 2**53 + 1], [0.0, 0.0], [0.0, 1.0], backend=backend)
+    with pytest.raises(ValueError, match="upper: the integer"):
+        bounds.vertex_softmax([1.0], [0], [2**60 + 1], backend=backend)
+    # exactly representable integers (even beyond 2^53) are exact inputs
+    res = bounds.vertex_softmax([2**53 + 2, 2**70], [0, 0], [0, 0], backend=backend)
+    assert res.upper.item() >= (2**53 + 2 + 2**70) / 2 >= res.lower.item()
+
+
+def test_meta_tensors_are_refused_and_devices_documented():
+    with pytest.raises(ValueError, match="c: a meta tensor"):
+        bounds.vertex_softmax(torch.zeros(3, device="meta"), [0.0] * 3, [1.0] * 3)
+    with pytest.raises(ValueError, match="lower: a meta tensor"):
+        bounds.vertex_softmax([1.0] * 3, torch.zeros(3, device="meta"), [1.0] * 3)
+    doc = bounds.vertex_softmax.__doc__
+    assert "CPU" in doc and "meta" in doc
