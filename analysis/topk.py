@@ -171,7 +171,7 @@ def tail_mass(scores, k, *, rounding: str = "nearest", backend: str = "auto") ->
     if be == "numba":
         return ktopk.tail_mass_numba(s, kk, rounding)
     n = s.shape[-1]
-    v, w, n_valid = sorted_weights(s)
+    _, w, n_valid = sorted_weights(s)
     T = tail_sums(w)
     Tk = T.gather(-1, kk.clamp(max=n).unsqueeze(-1)).squeeze(-1)
     return _tail_from_sums(Tk, T[..., 0], kk, n_valid, _TailModel.for_length(n), rounding)
@@ -213,7 +213,7 @@ def certify_topk(scores, eps, *, backend: str = "auto") -> TopKCertificate:
         )
     n = s.shape[-1]
     model = _TailModel.for_length(n)
-    v, w, n_valid = sorted_weights(s)
+    _, w, n_valid = sorted_weights(s)
     T = tail_sums(w)
     ks = torch.arange(n + 1).expand(T.shape)
     tau_up = _tail_from_sums(T, T[..., :1], ks, n_valid.unsqueeze(-1), model, "up")
