@@ -56,8 +56,8 @@ METHOD = "sorted tail sums, outward rounded"
 
 ASSUMPTIONS = (
     "real-arithmetic tail mass of softmax over unmasked keys; float64, outward rounding in the "
-    "standard model; C-library exp accurate to 2 ulp (tested in tests/test_floating.py); "
-    "-inf = masked key"
+    "standard model with gradual underflow (no flush-to-zero); C-library exp accurate to 2 ulp "
+    "(tested in tests/test_floating.py); -inf = masked key"
 )
 
 
