@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from kernels.floating import EMIN16, EMIN32, EMIN64, EMINBF16, P16, P32, P64, PBF16
+
 ALGORITHMS = ("three_pass", "two_pass", "online", "blocked", "tree")
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 
@@ -66,11 +68,14 @@ class Format:
 
 
 FORMATS = {
-    "float64": Format("float64", 53, -1022, 1023),
-    "float32": Format("float32", 24, -126, 127),
-    "float16": Format("float16", 11, -14, 15),
-    "bfloat16": Format("bfloat16", 8, -126, 127),
+    "float64": Format("float64", P64, EMIN64, 1023),
+    "float32": Format("float32", P32, EMIN32, 127),
+    "float16": Format("float16", P16, EMIN16, 15),
+    "bfloat16": Format("bfloat16", PBF16, EMINBF16, 127),
 }
+# precisions and exponent ranges are kernels.floating's; u and q follow (tests/test_fp.py)
+F16_MAX = FORMATS["float16"].max
+BF16_MAX = FORMATS["bfloat16"].max
 _CODE = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
 
 #: Assumed exp accuracy in ulp of the result, per working precision (>= the measured maximum:
@@ -111,8 +116,8 @@ def _rd(v, code):
     if code <= 1:
         return v
     if code == 2:
-        return np.float32(_round_to(np.float64(v), 11, -14, 65504.0))
-    return np.float32(_round_to(np.float64(v), 8, -126, 3.3895313892515355e38))
+        return np.float32(_round_to(np.float64(v), P16, EMIN16, F16_MAX))
+    return np.float32(_round_to(np.float64(v), PBF16, EMINBF16, BF16_MAX))
 
 
 @numba.njit(cache=True)

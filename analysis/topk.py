@@ -15,15 +15,21 @@ Conventions: scores are pre-softmax logits, last axis = keys, leading axes batch
 a masked key (it is never counted in k and takes no mass). NaN, +inf, empty rows and fully
 masked rows raise ValueError. n_valid = number of unmasked keys of a row.
 
+Backends. ``certify_topk``, ``certified_k``, ``tail_mass``, ``gap_bound``, ``multi_gap_bound``,
+``blockwise_bound`` and ``output_error_bound`` take ``backend="auto" | "torch" | "numba"``
+("auto" = numba, ``kernels.topk``). Input is validated here, before dispatch. Both backends
+prove the same enclosure with the same constants (``kernels.topk``, ``kernels.floating``);
+their floats may differ in the last bits (exp implementations, summation order).
+
 Soundness (the k certificate). Rows are sorted descending, shifted by their maximum and
-exponentiated with numpy's float64 ``exp`` (the C library's, the same function the Numba
-kernels call, so both paths agree bit for bit; torch's vectorised exp differs by 1 ulp on
-~0.5 % of inputs). Tail sums T_k = Σ_{i>k} w_(i) are accumulated from the smallest weight
-up (small terms first, so T_k is accurate relative to itself, even far below ε).
-In the standard model (kernels.floating) each weight carries a relative error
-ρ = EXP_REL + 747u (exp, plus the rounding of its argument |s - max| <= 746; smaller
-weights underflow and are covered by an absolute TINY each), each sum γ_n, the quotient u.
-``_TailModel`` turns that into an upper bound τ⁺ >= τ and a lower bound τ⁻ <= τ.
+exponentiated (torch path: numpy's float64 ``exp``). Tail sums T_k = Σ_{i>k} w_(i) are
+accumulated from the smallest weight up (small terms first, so T_k is accurate relative to
+itself, even far below ε). In the standard model (kernels.floating) each weight carries a
+relative error RHO_WEIGHT (exp, plus the rounding of its argument |s - max| <= 746) and an
+absolute error EXP_ABS (a weight below the normal range), each sum γ_n, the quotient u or
+SUBNORMAL_ULP/2. ``kernels.topk.tail_constants`` turns that into τ⁺ >= τ and τ⁻ <= τ. In block
+bounds one weight stands for a whole block, so its absolute error is multiplied by the
+block size (``kernels.topk.block_abs``).
 
 Minimality and ties. τ_k depends only on the sorted multiset of scores, so ties at the
 boundary do not matter: every tie-break gives the same τ_k. The certified k is the least k
@@ -42,19 +48,26 @@ import torch
 from scipy.special import ndtr, ndtri
 
 from bounds._box import as_float64, validate_scores
-from kernels.floating import EXP_REL, TINY, U64, gamma
+from kernels import topk as ktopk
+from kernels.floating import EXP_ABS, SUBNORMAL_ULP, RHO_WEIGHT, U64, gamma
 
-#: relative error of one weight exp(s_i - max) (exp itself + the rounded argument, |arg| <= 746)
-RHO_WEIGHT = EXP_REL + 747 * U64 * 1.001
+BACKENDS = ("auto", "torch", "numba")
+METHOD = "sorted tail sums, outward rounded"
 
 ASSUMPTIONS = (
     "real-arithmetic tail mass of softmax over unmasked keys; float64, outward rounding in the "
-    "standard model; C-library exp accurate to 2 ulp (tested in tests/test_floating.py); "
-    "-inf = masked key"
+    "standard model with gradual underflow (no flush-to-zero); C-library exp accurate to 2 ulp "
+    "(tested in tests/test_floating.py); -inf = masked key"
 )
 
 
 # ----------------------------------------------------------------------------- validation
+def _backend(backend) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    return "numba" if backend == "auto" else backend
+
+
 def validate_eps(eps) -> float:
     """ε as a float strictly inside (0, 1)."""
     try:
@@ -100,13 +113,8 @@ def deflate(x: torch.Tensor, eta: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class _TailModel:
-    """Constants of the outward rounding of τ = T/Z for rows of length n (see module doc).
-
-    T_true <= (T̃/(1-γ) + nTINY)/(1-ρ), Z_true >= (Z̃/(1+γ) - nTINY)/(1+ρ), Z̃ >= 1 (the
-    maximum's weight is exp(0) = 1 exactly), and T̃/Z̃ <= q̃/(1-u). So
-    τ <= q̃·F + A with F - 1 <= 2.001(γ_n + ρ) + u =: η and A = 4nTINY; τ⁺ = next↑(fl(q̃·c) + A),
-    c = fl(1 + η + 4u) (the 4u covers both roundings). The lower bound mirrors it.
-    """
+    """Constants (c, A) of the outward rounding of τ = T/Z for rows of length n:
+    τ⁺ = next↑(q̃·c + A), τ⁻ = next↓(q̃/c - A) (derivation: ``kernels.topk.tail_constants``)."""
 
     n: int
     c: float
@@ -114,8 +122,8 @@ class _TailModel:
 
     @classmethod
     def for_length(cls, n: int) -> "_TailModel":
-        eta = 2.001 * (gamma(n + 1) + RHO_WEIGHT) + U64
-        return cls(n=n, c=1.0 + (eta + 4 * U64), A=4.0 * n * TINY)
+        c, A = ktopk.tail_constants(n)
+        return cls(n=n, c=c, A=A)
 
 
 # ----------------------------------------------------------------------------- core sweep
@@ -149,24 +157,29 @@ def _tail_from_sums(Tk, Z, k, n_valid, model: _TailModel, rounding: str):
     return torch.where(k >= n_valid, torch.zeros_like(val), val)
 
 
-def tail_mass(scores, k, *, rounding: str = "nearest") -> torch.Tensor:
+def tail_mass(scores, k, *, rounding: str = "nearest", backend: str = "auto") -> torch.Tensor:
     """τ_k = TV(P, P̂_k) = 1 - Σ_{top k} softmax(s) per row (float64, shape scores.shape[:-1]).
 
     ``k`` is an int or an integer tensor broadcasting to the rows; k >= n_valid gives 0.
     ``rounding``: "nearest" (the float estimate), "up" (proved τ⁺ >= τ) or "down" (τ⁻ <= τ).
     """
+    if rounding not in ktopk.ROUNDING_MODES:
+        raise ValueError(f"rounding: expected 'up', 'down' or 'nearest', got {rounding!r}")
+    be = _backend(backend)
     s = validate_scores(scores)
     kk = _validate_k(k, s.shape[:-1])
+    if be == "numba":
+        return ktopk.tail_mass_numba(s, kk, rounding)
     n = s.shape[-1]
-    v, w, n_valid = sorted_weights(s)
+    _, w, n_valid = sorted_weights(s)
     T = tail_sums(w)
     Tk = T.gather(-1, kk.clamp(max=n).unsqueeze(-1)).squeeze(-1)
     return _tail_from_sums(Tk, T[..., 0], kk, n_valid, _TailModel.for_length(n), rounding)
 
 
-def truncation_kl(scores, k) -> torch.Tensor:
+def truncation_kl(scores, k, *, backend: str = "auto") -> torch.Tensor:
     """KL(P̂_k ‖ P) = -log(1 - τ_k) (float estimate; +inf for k = 0)."""
-    return -torch.log1p(-tail_mass(scores, k))
+    return -torch.log1p(-tail_mass(scores, k, backend=backend))
 
 
 @dataclass(frozen=True)
@@ -183,17 +196,24 @@ class TopKCertificate:
     tail_lower_prev: torch.Tensor
     minimal_proved: torch.Tensor
     eps: float
-    method: str = "sorted tail sums, outward rounded"
+    method: str = METHOD
     assumptions: str = field(default=ASSUMPTIONS, repr=False)
 
 
-def certify_topk(scores, eps) -> TopKCertificate:
+def certify_topk(scores, eps, *, backend: str = "auto") -> TopKCertificate:
     """Minimal k with τ⁺_k <= ε per row, with the evidence (see module doc on minimality)."""
     e = validate_eps(eps)
+    be = _backend(backend)
     s = validate_scores(scores)
+    if be == "numba":
+        k, up_k, lo_prev, n_valid = ktopk.certify_rows_numba(s, e)
+        return TopKCertificate(
+            k=k, n_valid=n_valid, tail_upper=up_k, tail_lower_prev=lo_prev,
+            minimal_proved=lo_prev > e, eps=e, method=f"{METHOD} (numba)",
+        )
     n = s.shape[-1]
     model = _TailModel.for_length(n)
-    v, w, n_valid = sorted_weights(s)
+    _, w, n_valid = sorted_weights(s)
     T = tail_sums(w)
     ks = torch.arange(n + 1).expand(T.shape)
     tau_up = _tail_from_sums(T, T[..., :1], ks, n_valid.unsqueeze(-1), model, "up")
@@ -204,24 +224,27 @@ def certify_topk(scores, eps) -> TopKCertificate:
     lo_prev = _tail_from_sums(Tprev, T[..., 0], k - 1, n_valid, model, "down")
     return TopKCertificate(
         k=k, n_valid=n_valid, tail_upper=up_k, tail_lower_prev=lo_prev,
-        minimal_proved=lo_prev > e, eps=e,
+        minimal_proved=lo_prev > e, eps=e, method=f"{METHOD} (torch)",
     )
 
 
-def certified_k(scores, eps) -> torch.Tensor:
+def certified_k(scores, eps, *, backend: str = "auto") -> torch.Tensor:
     """Per row the minimal k whose top-k truncation has tail mass <= ε (int64 tensor)."""
-    return certify_topk(scores, eps).k
+    return certify_topk(scores, eps, backend=backend).k
 
 
 # ----------------------------------------------------------------------------- gap bounds
-def blockwise_bound(head_lower, head_sizes, tail_upper, tail_sizes) -> torch.Tensor:
+def blockwise_bound(head_lower, head_sizes, tail_upper, tail_sizes, *,
+                    backend: str = "auto") -> torch.Tensor:
     """τ <= Σ_T|B|e^{U_b} / (Σ_H|B|e^{L_b} + Σ_T|B|e^{U_b}), rounded up (per row, float64).
 
     head_lower (..., bh): lower bounds L_b on every score of head block b; tail_upper
     (..., bt): upper bounds U_b on every score of tail block b; sizes |B| broadcast to them
     (0 = absent block). Sound because x/(a+x) increases in x and decreases in a, and the
     true head / tail masses are >= Σ_H|B|e^{L_b} / <= Σ_T|B|e^{U_b}. Needs no individual score.
+    Rounding: ``kernels.topk._blockwise`` (a block's weight error is multiplied by its size).
     """
+    be = _backend(backend)
     L = as_float64(head_lower, "head_lower")
     U = as_float64(tail_upper, "tail_upper")
     nh = _sizes(head_sizes, "head_sizes")
@@ -233,22 +256,36 @@ def blockwise_bound(head_lower, head_sizes, tail_upper, tail_sizes) -> torch.Ten
     try:
         L, nh = torch.broadcast_tensors(L, nh)
         U, nt = torch.broadcast_tensors(U, nt)
+        batch = torch.broadcast_shapes(L.shape[:-1], U.shape[:-1])
     except RuntimeError:
         raise ValueError("head/tail sizes: shapes do not broadcast with their bounds") from None
+    L, nh = L.expand(batch + L.shape[-1:]), nh.expand(batch + nh.shape[-1:])
+    U, nt = U.expand(batch + U.shape[-1:]), nt.expand(batch + nt.shape[-1:])
+    present = torch.maximum(torch.where(nh > 0, L, -math.inf).amax(-1),
+                            torch.where(nt > 0, U, -math.inf).amax(-1))
+    if not torch.isfinite(present).all():
+        raise ValueError("head_lower/tail_upper: a row has no finite, non-empty block")
+    if be == "numba":
+        return ktopk.blockwise_bound_numba(L, nh, U, nt)
+    return _blockwise_torch(L, nh, U, nt)
+
+
+def _blockwise_torch(L, nh, U, nt) -> torch.Tensor:
+    """The torch path of blockwise_bound on validated, broadcast blocks."""
     L = torch.where(nh > 0, L, torch.full_like(L, -math.inf))
     U = torch.where(nt > 0, U, torch.full_like(U, -math.inf))
-    M = torch.maximum(L.amax(-1), U.amax(-1))
-    if not torch.isfinite(M).all():
-        raise ValueError("head_lower/tail_upper: a row has no finite, non-empty block")
-    M = M.unsqueeze(-1)
+    M = torch.maximum(L.amax(-1), U.amax(-1)).unsqueeze(-1)
     nb = L.shape[-1] + U.shape[-1]
-    eta = RHO_WEIGHT + gamma(nb + 2) + 2 * U64  # exp, argument, size product, sum
+    cs, cd, cr, ca = ktopk.block_constants(nb)
     ST, SH = block_sums(U - M, nt), block_sums(L - M, nh)
-    # each underflowed weight may be off by TINY: add / remove it before the relative margin
-    ST = inflate(ST + nb * TINY, eta + 2 * U64)
-    SH = deflate((SH - nb * TINY).clamp(min=0.0), eta + 2 * U64)
-    bound = inflate(ST / deflate(SH + ST, 0.0), 2 * U64)
-    return bound.clamp(max=1.0)
+    total = torch.cat([nt, nh], dim=-1).cumsum(-1)[..., -1]
+    A = torch.from_numpy(np.asarray(ktopk.block_abs(total.numpy(), nb, ca)))
+    inf = torch.full_like(ST, math.inf)
+    # a block's weight error (EXP_ABS) counts once per key of the block: A = block_abs
+    ST = torch.nextafter((ST + A) * cs, inf)
+    SH = torch.nextafter((SH - A).clamp(min=0.0) / cs, -inf).clamp(min=0.0)
+    den = torch.nextafter((SH + ST) / cd, -inf).clamp(min=0.0)
+    return torch.nextafter((ST / den) * cr, inf).clamp(max=1.0)
 
 
 def _sizes(x, name: str) -> torch.Tensor:
@@ -311,15 +348,20 @@ def _sorted_for_gaps(scores, k):
     return v, kk, n_valid
 
 
-def gap_bound(scores, k) -> torch.Tensor:
+def gap_bound(scores, k, *, backend: str = "auto") -> torch.Tensor:
     """Single-gap bound τ_k <= (n-k)e^{-g}/(k + (n-k)e^{-g}), g = s_(k) - s_(k+1), n = n_valid.
 
-    Uses two order statistics per row. Rounded up; exact 1 at k = 0, 0 at k >= n_valid.
+    Uses two order statistics per row (the numba backend finds them by O(n) selection).
+    Rounded up; exact 1 at k = 0, 0 at k >= n_valid.
     """
-    return multi_gap_bound(scores, k, levels=1)
+    be = _backend(backend)
+    if be == "numba":
+        s = validate_scores(scores)
+        return ktopk.gap_bound_numba(s, _validate_k(k, s.shape[:-1]))
+    return multi_gap_bound(scores, k, levels=1, backend="torch")
 
 
-def multi_gap_bound(scores, k, levels: int = 4) -> torch.Tensor:
+def multi_gap_bound(scores, k, levels: int = 4, *, backend: str = "auto") -> torch.Tensor:
     """Blockwise bound with head and tail each cut into ``levels`` rank groups.
 
     A rank group r..r' of the sorted row is bounded below by s_(r') and above by s_(r), so
@@ -328,6 +370,10 @@ def multi_gap_bound(scores, k, levels: int = 4) -> torch.Tensor:
     """
     if int(levels) != levels or levels < 1:
         raise ValueError(f"levels: expected a positive integer, got {levels!r}")
+    be = _backend(backend)
+    if be == "numba":
+        s = validate_scores(scores)
+        return ktopk.multi_gap_bound_numba(s, _validate_k(k, s.shape[:-1]), int(levels))
     v, kk, n_valid = _sorted_for_gaps(scores, k)
     n = v.shape[-1]
     kc = torch.minimum(kk, n_valid)
@@ -345,7 +391,7 @@ def multi_gap_bound(scores, k, levels: int = 4) -> torch.Tensor:
     L = torch.where(trivial.unsqueeze(-1), torch.zeros_like(L), L)
     U = torch.where(trivial.unsqueeze(-1), torch.zeros_like(U), U)
     h_size = torch.where(trivial.unsqueeze(-1), torch.ones_like(h_size), h_size)
-    b = blockwise_bound(L, h_size, U, t_size)
+    b = _blockwise_torch(L, h_size, U, t_size)
     b = torch.where(kc <= 0, torch.ones_like(b), b)
     return torch.where(ntail <= 0, torch.zeros_like(b), b)
 
@@ -377,7 +423,7 @@ def _head_mask(s: torch.Tensor, kk: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(rank_mask).scatter(-1, order, rank_mask) & torch.isfinite(s)
 
 
-def output_error_bound(scores, values, k) -> OutputErrorBound:
+def output_error_bound(scores, values, k, *, backend: str = "auto") -> OutputErrorBound:
     """Error of top-k attention for scores (..., n) and values (..., n, d) (batch broadcast).
 
     For shared values across queries pass values with a singleton query axis, e.g. scores
@@ -401,8 +447,8 @@ def output_error_bound(scores, values, k) -> OutputErrorBound:
     s = s.expand(batch + s.shape[-1:])
     kk = _validate_k(k, batch)
     n, d = s.shape[-1], V.shape[-1]
-    tau_up = tail_mass(s, kk, rounding="up")
-    tau = tail_mass(s, kk)
+    tau_up = tail_mass(s, kk, rounding="up", backend=backend)
+    tau = tail_mass(s, kk, backend=backend)
     valid = torch.isfinite(s)
     head = _head_mask(s, kk)
     tail = valid & ~head
@@ -431,7 +477,10 @@ def output_error_bound(scores, values, k) -> OutputErrorBound:
     diameter = inflate(tau_up * diam, 0.0)
     mu_hat = (p.unsqueeze(-2) @ V).squeeze(-2)
     sq = ((V - mu_hat.unsqueeze(-2)) ** 2).sum(-1)
-    var_up = inflate((p * sq).sum(-1) + n * TINY, 2 * (RHO_WEIGHT + gamma(n + d + 8)))
+    # each p_i is off by RHO_WEIGHT·p_i + γ_{n+2}·p_i + EXP_ABS + SUBNORMAL_ULP (a p_i below the
+    # normal range); the absolute part is weighted by sq_i, each product p_i·sq_i by SUBNORMAL_ULP/2
+    abs_p = inflate(sq.sum(-1) * (EXP_ABS + SUBNORMAL_ULP), gamma(n + d + 8)) + n * SUBNORMAL_ULP
+    var_up = inflate((p * sq).sum(-1) + abs_p, 2 * (RHO_WEIGHT + gamma(n + d + 8)))
     ratio = inflate(tau_up / deflate(1.0 - tau_up, 0.0), 2 * U64)
     variance = inflate(torch.sqrt(inflate(ratio * var_up, 0.0)), 2 * U64)
     variance = torch.where(tau_up >= 1.0, torch.full_like(variance, math.inf), variance)

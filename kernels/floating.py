@@ -84,3 +84,27 @@ def first_step(g_pos, err, d_sum, value, scale):
     positive (callers clamp it by TINY). Later trials multiply the step by 4.
     """
     return (g_pos + 2 * err) / d_sum + 2 * U64 * abs(value) + TINY * (1 + scale)
+
+
+#: relative error of one weight exp(fl(s - m)) with |s - m| <= 746 (EXP_REL of the exp, plus
+#: the rounding of its argument: |fl(d) - d| <= u|d| <= 746u moves exp by at most 747u)
+RHO_WEIGHT = EXP_REL + 747 * U64 * 1.001
+#: absolute error of one weight fl(exp(fl(s - m))) below the normal range: EXP_ULPS ulp of the
+#: subnormal range (spacing SUBNORMAL_ULP), plus SUBNORMAL_ULP for |s - m| > 746, where RHO_WEIGHT does not hold
+#: but both the true weight and exp of the rounded argument are below SUBNORMAL_ULP/4. A weight is off
+#: by at most RHO_WEIGHT·w + EXP_ABS; the absolute part is multiplied by any count it carries.
+EXP_ABS = (EXP_ULPS + 1) * SUBNORMAL_ULP
+
+# IEEE formats: precision p (hidden bit included), unit roundoff u = 2^-p, smallest positive
+# subnormal Q = 2^(emin - p + 1), as used by the low-precision error bounds (analysis.fp,
+# kernels.fp_rows)
+P64, EMIN64 = 53, -1022
+P32, EMIN32 = 24, -126
+P16, EMIN16 = 11, -14
+PBF16, EMINBF16 = 8, -126
+U32 = 2.0 ** -P32
+U16 = 2.0 ** -P16
+UBF16 = 2.0 ** -PBF16
+Q32 = 2.0 ** (EMIN32 - P32 + 1)
+Q16 = 2.0 ** (EMIN16 - P16 + 1)
+QBF16 = 2.0 ** (EMINBF16 - PBF16 + 1)

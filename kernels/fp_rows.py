@@ -2,7 +2,7 @@
 
 For each row (entries = -inf are masked keys and do not count): n = #finite entries, m = max,
 R = m - min, E = E_p[m - x] (p = softmax of the row, float64). With the constants of
-:func:`analysis.fp.error_bound` (u = 2^-24, exp accurate to k ulp, u_e = 2ku, K_u roundings
+:func:`analysis.fp.error_bound` (u = U32 = 2^-24, exp accurate to k ulp, u_e = 2ku, K_u roundings
 and K_e exps per normaliser term), the argument-rounding constant is
 
     L = min(ln n / (1 - u), R, E_up * exp(u (R + ln n / (1 - u))))
@@ -15,7 +15,9 @@ g(d) = e^{-d}(e^{ud} - 1), increasing up to d* = -ln(1-u)/u ~ 1,
 
 a normwise bound that uses only quantities a kernel already has. The measured error is the
 FP32 three-pass softmax of the row (the same arithmetic as analysis.fp three_pass) against a
-float64 reference (relative error <= ~(n + 4) 2^-53, far below u).
+float64 reference (relative error <= ~(n + 4) 2^-53, far below u). E is rounded up in the
+float64 model of kernels.floating: weights carry EXP_REL plus the rounding of d = m - x
+(<= 746 U64 where the weight is nonzero), and EXP_ABS·d absolutely below the normal range.
 No fastmath; bounds are evaluated in float64 and rounded up by a relative margin of 2^-40.
 """
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+
+from kernels.floating import EXP_ABS, EXP_ULPS, Q32, SUBNORMAL_ULP, U32, U64
 
 ALGO_CODES = {"three_pass": 0, "online": 1, "tree": 2}
 
@@ -104,7 +108,9 @@ def rows_bound_and_error(x, u, ue, q, algo, measure):
                 e = math.exp(-d)
                 z += e
                 zd += e * d
-        E = zd / z * (1.0 + 4.0 * (cnt + 10) * 2.0 ** -53)
+        # z >= 1 (the maximum's weight is exp(0) = 1): absolute errors need no division
+        E = zd / z * (1.0 + (4.0 * (cnt + 10) + 2.0 * (EXP_ULPS + 748)) * U64) \
+            + cnt * (EXP_ABS * R + SUBNORMAL_ULP)
         ee[r] = E
         bb[r] = _row_bound(cnt, R, E, u, ue, q, algo)
         if measure:
@@ -157,9 +163,7 @@ def rows_report(scores, algorithm: str = "three_pass", exp_ulps: float = 1.0,
         raise ValueError("scores must not contain NaN or +inf")
     if not np.all(np.isfinite(x).any(axis=1)):
         raise ValueError("scores: every row needs at least one finite (unmasked) entry")
-    u = 2.0 ** -24
-    out = rows_bound_and_error(x, u, 2 * exp_ulps * u, 2.0 ** -149, ALGO_CODES[algorithm],
-                               measure)
+    out = rows_bound_and_error(x, U32, 2 * exp_ulps * U32, Q32, ALGO_CODES[algorithm], measure)
     shape = np.asarray(scores).shape[:-1]
     return RowsReport(*(a.reshape(shape) for a in out), algorithm, exp_ulps)
 
@@ -172,7 +176,7 @@ def throughput_ratio(scores, repeats: int = 3) -> dict:
     x = np.ascontiguousarray(np.asarray(scores, dtype=np.float32).reshape(-1, np.shape(scores)[-1]))
     t = torch.from_numpy(x)
     rows_report(x[:2])  # compile
-    u = 2.0 ** -24
+    u = U32
 
     def best(f):
         ts = []
@@ -185,8 +189,8 @@ def throughput_ratio(scores, repeats: int = 3) -> dict:
     threads = numba.get_num_threads()
     numba.set_num_threads(1)  # same single thread as the torch baseline
     base = best(lambda: torch.softmax(t, dim=-1))
-    b_only = best(lambda: rows_bound_and_error(x, u, 2 * u, 2.0 ** -149, 0, False))
-    b_meas = best(lambda: rows_bound_and_error(x, u, 2 * u, 2.0 ** -149, 0, True))
+    b_only = best(lambda: rows_bound_and_error(x, u, 2 * u, Q32, 0, False))
+    b_meas = best(lambda: rows_bound_and_error(x, u, 2 * u, Q32, 0, True))
     numba.set_num_threads(threads)
     return {"softmax_s": base, "bound_s": b_only, "bound_and_measure_s": b_meas,
             "bound_ratio": b_only / base, "bound_and_measure_ratio": b_meas / base,

@@ -1,16 +1,25 @@
-"""Numba kernels for top-k truncation certificates over (..., keys) score tensors.
+"""Numba backend of the top-k truncation certificates (``analysis.topk`` with backend="numba").
 
-Same arithmetic, operation for operation, as the torch reference ``analysis.topk`` (see its
-docstring for the error analysis), so the results agree bit for bit: rows sorted descending,
-w = exp(s - max) with the C library's exp (numpy's float64 ``exp`` calls the same function),
-tail sums accumulated from the smallest weight, the same outward-rounding constants. No
-fastmath (it would license reassociation and break the bound); rows run in parallel.
+Array in, array out: score rows (..., n) as float64 arrays or CPU tensors, already validated by
+``analysis.topk`` (no NaN, no +inf, no fully masked row, integer k >= 0). The error model and
+its constants live here and in ``kernels.floating``; the torch path of ``analysis.topk``
+imports them, so both backends prove the same enclosure. They may differ in the last bits
+(different exp implementations and summation orders), never in soundness.
 
-- ``certified_k_numba(scores, eps)`` -> (k, tail_upper) per row (full sort per row).
+Error model (Higham 2002, §2.2, with gradual underflow). A weight w = exp(s - m) is computed
+as fl(exp(fl(s - m))) with |ŵ - w| <= RHO_WEIGHT·w + EXP_ABS: the absolute part covers
+results below the normal range. Tail sums carry γ_n, products count·weight a relative u or
+an absolute SUBNORMAL_ULP/2, quotients likewise. In a block bound a weight stands for a whole block,
+so its absolute error is multiplied by the block size: the slack is EXP_ABS·Σ|B| + nb·SUBNORMAL_ULP.
+
+- ``certified_k_numba(scores, eps)`` -> (k, tail_upper) per row (full sort per row);
+  ``certify_rows_numba`` also returns the lower bound of τ_{k-1} and n_valid.
 - ``tail_mass_numba(scores, k, rounding)`` -> τ_k per row ("nearest", "up", "down").
-- ``gap_bound_numba(scores, k)`` -> single-gap bound; needs only two order statistics, found
-  by selection (np.partition, O(n)) instead of a sort.
+- ``gap_bound_numba(scores, k)`` -> single-gap bound; two order statistics by selection
+  (np.partition, O(n)) instead of a sort.
 - ``multi_gap_bound_numba(scores, k, levels)`` -> rank-group bound (sorted rows).
+- ``blockwise_bound_numba(head_lower, head_sizes, tail_upper, tail_sizes)`` -> block bound.
+No fastmath (it would license reassociation and void the error model); rows run in parallel.
 """
 from __future__ import annotations
 
@@ -20,43 +29,60 @@ import numba
 import numpy as np
 import torch
 
-from bounds._box import validate_scores
-from kernels.floating import EXP_REL, TINY, U64, gamma
+from kernels.floating import EXP_ABS, SUBNORMAL_ULP, RHO_WEIGHT, U64, gamma
 
-RHO_WEIGHT = EXP_REL + 747 * U64 * 1.001  # must equal analysis.topk.RHO_WEIGHT (tested)
+ROUNDING_MODES = {"nearest": 0, "up": 1, "down": 2}
 
 
 def tail_constants(n: int) -> tuple[float, float]:
-    """(c, A) of the tail-mass rounding for rows of length n (as analysis.topk._TailModel)."""
+    """(c, A) of the outward rounding of τ = T/Z for rows of length n.
+
+    T <= (T̃/(1-γ_n) + n·EXP_ABS)/(1-ρ) and Z >= (Z̃/(1+γ_n) - n·EXP_ABS)/(1+ρ) with Z̃ >= 1
+    (the maximum's weight is exp(0) = 1), and T̃/Z̃ <= q̃/(1-u) + SUBNORMAL_ULP/2 (a subnormal quotient).
+    So τ <= q̃·c + A with c = 1 + 2.001(γ_{n+1} + ρ) + 5u and A = 2(n·EXP_ABS + SUBNORMAL_ULP); the
+    final nextafter covers the roundings of q̃·c + A. τ >= q̃/c - A mirrors it.
+    """
     eta = 2.001 * (gamma(n + 1) + RHO_WEIGHT) + U64
-    return 1.0 + (eta + 4 * U64), 4.0 * n * TINY
+    return 1.0 + (eta + 4 * U64), 2.0 * (n * EXP_ABS + SUBNORMAL_ULP)
 
 
 def block_constants(nb: int) -> tuple[float, float, float, float]:
-    """(c_sum, c_den, c_ratio, abs) of blockwise_bound for nb blocks."""
-    eta = RHO_WEIGHT + gamma(nb + 2) + 2 * U64
-    return (1.0 + ((eta + 2 * U64) + 4 * U64), 1.0 + (0.0 + 4 * U64),
-            1.0 + (2 * U64 + 4 * U64), nb * TINY)
+    """(c_sum, c_den, c_ratio, c_abs) of the block bound with nb blocks (see _blockwise)."""
+    eta = RHO_WEIGHT + gamma(nb + 2) + 2 * U64  # exp + argument, size product, sum
+    return (1.0 + ((eta + 2 * U64) + 4 * U64), 1.0 + 4 * U64, 1.0 + 6 * U64,
+            1.0 + gamma(nb + 2) + 4 * U64)
 
 
-# --------------------------------------------------------------------------- validation
-def _rows(scores, name="scores") -> tuple[np.ndarray, tuple]:
-    s = validate_scores(scores, name)
+@numba.njit(cache=True)
+def block_abs(total_size, nb, c_abs):
+    """A >= EXP_ABS·N + nb·SUBNORMAL_ULP/2, N = the real Σ of block sizes (total_size = its fl-sum).
+
+    Each block weight is off by EXP_ABS absolutely, times its size; each product
+    size·weight that lands below the normal range is off by SUBNORMAL_ULP/2. c_abs covers the sum of
+    the sizes (γ_nb) and this formula's own roundings (the extra SUBNORMAL_ULP: a subnormal product).
+    Works on floats and on arrays of row totals.
+    """
+    N = np.nextafter(total_size * c_abs, np.inf)
+    return np.nextafter((EXP_ABS * N + (nb + 1) * SUBNORMAL_ULP) * c_abs, np.inf)
+
+
+# --------------------------------------------------------------------------- conversion
+def _rows(scores) -> tuple[np.ndarray, tuple]:
+    s = scores.detach().cpu().numpy() if isinstance(scores, torch.Tensor) else np.asarray(scores)
+    s = np.asarray(s, dtype=np.float64)
     batch = tuple(s.shape[:-1])
-    return np.ascontiguousarray(s.reshape(-1, s.shape[-1]).numpy()), batch
+    return np.ascontiguousarray(s.reshape(-1, s.shape[-1])), batch
 
 
 def _ks(k, batch) -> np.ndarray:
-    kt = torch.as_tensor(k)
-    if kt.is_floating_point() or kt.is_complex() or kt.dtype == torch.bool:
-        raise ValueError(f"k: expected integer key counts, got dtype {kt.dtype}")
-    if (kt < 0).any():
-        raise ValueError("k: must be >= 0")
-    try:
-        kt = kt.to(torch.int64).expand(batch)
-    except RuntimeError:
-        raise ValueError(f"k: shape {tuple(kt.shape)} does not broadcast to {batch}") from None
-    return np.ascontiguousarray(kt.reshape(-1).numpy())
+    kt = k.detach().cpu().numpy() if isinstance(k, torch.Tensor) else np.asarray(k)
+    return np.ascontiguousarray(np.broadcast_to(kt.astype(np.int64), batch).reshape(-1))
+
+
+def _blocks(x, batch) -> np.ndarray:
+    a = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    a = np.broadcast_to(np.asarray(a, dtype=np.float64), batch + a.shape[-1:])
+    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
 
 
 # --------------------------------------------------------------------------- row helpers
@@ -83,7 +109,7 @@ def _sorted_tail(row, v, w, T):
 
 @numba.njit(cache=True)
 def _tau(Tk, Z, k, nv, c, A, mode):
-    """mode 0 nearest, 1 up, 2 down (the formulas of analysis.topk._tail_from_sums)."""
+    """mode 0 nearest, 1 up, 2 down: q̃ = T̃_k/Z̃, q̃·c + A rounded up, q̃/c - A rounded down."""
     if k <= 0:
         return 1.0
     if k >= nv:
@@ -99,7 +125,7 @@ def _tau(Tk, Z, k, nv, c, A, mode):
 
 
 @numba.njit(parallel=True, cache=True)
-def _certified_k_rows(S, eps, c, A, k_out, up_out):
+def _certified_k_rows(S, eps, c, A, k_out, up_out, lo_prev_out, nv_out):
     B, n = S.shape
     for b in numba.prange(B):
         v = np.empty(n)
@@ -114,7 +140,9 @@ def _certified_k_rows(S, eps, c, A, k_out, up_out):
             else:
                 break  # τ⁺ is non-increasing in k
         k_out[b] = k
+        nv_out[b] = nv
         up_out[b] = _tau(T[k], Z, k, nv, c, A, 1)
+        lo_prev_out[b] = _tau(T[k - 1], Z, k - 1, nv, c, A, 2) if k >= 1 else 1.0
 
 
 @numba.njit(parallel=True, cache=True)
@@ -130,8 +158,13 @@ def _tail_mass_rows(S, K, c, A, mode, out):
 
 
 @numba.njit(cache=True)
-def _blockwise(L, nh, U, nt, cs, cd, cr, ab):
-    """The arithmetic of analysis.topk.blockwise_bound for one row (sizes 0 = absent)."""
+def _blockwise(L, nh, U, nt, cs, cd, cr, ca):
+    """τ <= Σ_T|B|e^{U_b} / (Σ_H|B|e^{L_b} + Σ_T|B|e^{U_b}) for one row, rounded up.
+
+    With M the largest present bound, S̃ = fl-sums of fl(|B|·exp(x_b - M)) and A = block_abs:
+    S_T <= (S̃_T + A)(1+η) and S_H >= (S̃_H - A)/(1+η), η = ρ + γ_{nb+2} + 2u (+ roundings);
+    then the quotient is rounded up. Sizes 0 mark absent blocks.
+    """
     M = -np.inf
     for i in range(L.shape[0]):
         if nh[i] > 0 and L[i] > M:
@@ -140,15 +173,19 @@ def _blockwise(L, nh, U, nt, cs, cd, cr, ab):
         if nt[i] > 0 and U[i] > M:
             M = U[i]
     ST = 0.0
+    total = 0.0
     for i in range(U.shape[0]):
         x = U[i] if nt[i] > 0 else -np.inf
         ST = ST + nt[i] * math.exp(x - M)
+        total = total + nt[i]
     SH = 0.0
     for i in range(L.shape[0]):
         x = L[i] if nh[i] > 0 else -np.inf
         SH = SH + nh[i] * math.exp(x - M)
-    ST = np.nextafter((ST + ab) * cs, np.inf)
-    SH = SH - ab
+        total = total + nh[i]
+    A = block_abs(total, L.shape[0] + U.shape[0], ca)
+    ST = np.nextafter((ST + A) * cs, np.inf)
+    SH = SH - A
     if SH < 0.0:
         SH = 0.0
     SH = np.nextafter(SH / cs, -np.inf)
@@ -162,7 +199,13 @@ def _blockwise(L, nh, U, nt, cs, cd, cr, ab):
 
 
 @numba.njit(parallel=True, cache=True)
-def _gap_rows(S, K, cs, cd, cr, ab, out):
+def _blockwise_rows(L, NH, U, NT, cs, cd, cr, ca, out):
+    for b in numba.prange(L.shape[0]):
+        out[b] = _blockwise(L[b], NH[b], U[b], NT[b], cs, cd, cr, ca)
+
+
+@numba.njit(parallel=True, cache=True)
+def _gap_rows(S, K, cs, cd, cr, ca, out):
     B, n = S.shape
     for b in numba.prange(B):
         row = S[b]
@@ -192,11 +235,11 @@ def _gap_rows(S, K, cs, cd, cr, ab, out):
         U[0] = sk1
         nh[0] = float(k)
         nt[0] = float(nv - k)
-        out[b] = _blockwise(L, nh, U, nt, cs, cd, cr, ab)
+        out[b] = _blockwise(L, nh, U, nt, cs, cd, cr, ca)
 
 
 @numba.njit(parallel=True, cache=True)
-def _multi_gap_rows(S, K, levels, cs, cd, cr, ab, out):
+def _multi_gap_rows(S, K, levels, cs, cd, cr, ca, out):
     B, n = S.shape
     for b in numba.prange(B):
         asc = np.sort(S[b])
@@ -226,36 +269,37 @@ def _multi_gap_rows(S, K, levels, cs, cd, cr, ab, out):
             # descending rank r is asc[n - 1 - r]
             L[j] = asc[n - 1 - max(h1 - 1, 0)]
             U[j] = asc[n - 1 - min(t0, n - 1)]
-        out[b] = _blockwise(L, nh, U, nt, cs, cd, cr, ab)
+        out[b] = _blockwise(L, nh, U, nt, cs, cd, cr, ca)
 
 
 # --------------------------------------------------------------------------- public API
-def certified_k_numba(scores, eps):
-    """(k, tail_upper) per row: the least k with outward-rounded τ⁺_k <= ε (int64, float64)."""
-    try:
-        e = float(eps)
-    except (TypeError, ValueError):
-        raise ValueError(f"eps: expected a number in (0, 1), got {eps!r}") from None
-    if not (0.0 < e < 1.0):
-        raise ValueError(f"eps: must lie strictly inside (0, 1), got {eps!r}")
+def certify_rows_numba(scores, eps: float):
+    """(k, tail_upper, tail_lower_prev, n_valid) per row: k = least k with τ⁺_k <= ε,
+    tail_lower_prev <= τ_{k-1} (1 at k = 0). Inputs validated by the caller."""
     S, batch = _rows(scores)
     c, A = tail_constants(S.shape[1])
-    k = np.empty(S.shape[0], dtype=np.int64)
-    up = np.empty(S.shape[0])
-    _certified_k_rows(S, e, c, A, k, up)
-    return torch.from_numpy(k).reshape(batch), torch.from_numpy(up).reshape(batch)
+    B = S.shape[0]
+    k, nv = np.empty(B, dtype=np.int64), np.empty(B, dtype=np.int64)
+    up, lo = np.empty(B), np.empty(B)
+    _certified_k_rows(S, float(eps), c, A, k, up, lo, nv)
+    return tuple(torch.from_numpy(a).reshape(batch) for a in (k, up, lo, nv))
+
+
+def certified_k_numba(scores, eps: float):
+    """(k, tail_upper) per row: the least k with outward-rounded τ⁺_k <= ε (int64, float64)."""
+    k, up, _, _ = certify_rows_numba(scores, eps)
+    return k, up
 
 
 def tail_mass_numba(scores, k, rounding: str = "nearest") -> torch.Tensor:
     """τ_k per row; ``rounding`` "nearest", "up" (proved >= τ) or "down" (proved <= τ)."""
-    modes = {"nearest": 0, "up": 1, "down": 2}
-    if rounding not in modes:
+    if rounding not in ROUNDING_MODES:
         raise ValueError(f"rounding: expected 'up', 'down' or 'nearest', got {rounding!r}")
     S, batch = _rows(scores)
     K = _ks(k, batch)
     c, A = tail_constants(S.shape[1])
     out = np.empty(S.shape[0])
-    _tail_mass_rows(S, K, c, A, modes[rounding], out)
+    _tail_mass_rows(S, K, c, A, ROUNDING_MODES[rounding], out)
     return torch.from_numpy(out).reshape(batch)
 
 
@@ -276,4 +320,16 @@ def multi_gap_bound_numba(scores, k, levels: int = 4) -> torch.Tensor:
     K = _ks(k, batch)
     out = np.empty(S.shape[0])
     _multi_gap_rows(S, K, int(levels), *block_constants(2 * int(levels)), out)
+    return torch.from_numpy(out).reshape(batch)
+
+
+def blockwise_bound_numba(head_lower, head_sizes, tail_upper, tail_sizes) -> torch.Tensor:
+    """Block bound per row; bounds and sizes broadcast to (..., bh) and (..., bt), the batch
+    shapes of head and tail equal (validated by the caller). Sizes 0 mark absent blocks."""
+    L, U = np.asarray(head_lower), np.asarray(tail_upper)
+    batch = tuple(L.shape[:-1])
+    Lr, NH = _blocks(head_lower, batch), _blocks(head_sizes, batch)
+    Ur, NT = _blocks(tail_upper, batch), _blocks(tail_sizes, batch)
+    out = np.empty(Lr.shape[0])
+    _blockwise_rows(Lr, NH, Ur, NT, *block_constants(L.shape[-1] + U.shape[-1]), out)
     return torch.from_numpy(out).reshape(batch)

@@ -213,3 +213,14 @@ def test_bad_input_raises():
         fp.error_bound(3, score_range=-1.0)
     with pytest.raises(ValueError, match="overflows"):
         fp.softmax([1e6], dtype="float16")
+
+
+def test_formats_use_the_constants_of_kernels_floating():
+    from kernels import floating
+
+    for name, u, q in (("float64", floating.U64, floating.SUBNORMAL_ULP),
+                       ("float32", floating.U32, floating.Q32),
+                       ("float16", floating.U16, floating.Q16),
+                       ("bfloat16", floating.UBF16, floating.QBF16)):
+        assert fp.FORMATS[name].u == u and fp.FORMATS[name].q == q
+    assert fp.F16_MAX == 65504.0 and fp.BF16_MAX == float.fromhex("0x1.fep127")

@@ -2,8 +2,13 @@
 kernel's measured error agrees with analysis.fp three_pass against an mpmath reference."""
 from __future__ import annotations
 
+import inspect
+
+import mpmath
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from analysis import fp
 from kernels import fp_rows
@@ -64,3 +69,32 @@ def test_bad_rows():
         fp_rows.rows_report(np.array([[0.0, np.nan]]))
     with pytest.raises(ValueError, match="algorithm"):
         fp_rows.rows_report(np.zeros((1, 3)), algorithm="x")
+
+
+@given(st.lists(st.one_of(st.floats(-760.0, -700.0, width=32), st.floats(-3.0, 0.0, width=32)),
+                min_size=1, max_size=20))
+def test_mean_gap_is_an_upper_bound_with_subnormal_weights(tail):
+    # weights exp(x - m) below the normal range are off by up to EXP_ABS each (times m - x)
+    row = np.array([0.0] + tail, dtype=np.float32)
+    with mpmath.workdps(50):
+        w = [mpmath.exp(mpmath.mpf(float(x))) for x in row]
+        exact = mpmath.fsum(wi * (-mpmath.mpf(float(x))) for wi, x in zip(w, row)) / mpmath.fsum(w)
+    rep = fp_rows.rows_report(row[None, :])
+    assert exact <= rep.mean_gap[0] <= exact * (1 + 1e-12) + 1e-318
+
+
+def test_mean_gap_reported_subnormal_case():
+    # exp(-744.1) = 1.405 q (q = 2^-1074) rounds to q: E_p[m - x] was under-estimated by 29 %
+    row = np.array([[0.0, -744.1]], dtype=np.float32)
+    with mpmath.workdps(50):
+        e = mpmath.exp(mpmath.mpf(float(row[0, 1])))
+        exact = e * -mpmath.mpf(float(row[0, 1])) / (1 + e)
+    assert exact <= fp_rows.rows_report(row).mean_gap[0]
+
+
+def test_row_kernel_takes_its_format_constants_from_kernels_floating():
+    from kernels import floating
+
+    assert "2.0 ** -24" not in inspect.getsource(fp_rows)
+    assert "2.0 ** -149" not in inspect.getsource(fp_rows)
+    assert floating.U32 == 2.0 ** -24 and floating.Q32 == 2.0 ** -149

@@ -297,3 +297,115 @@ def test_exact_endpoints():
     assert topk.tail_mass(s, torch.tensor([2, 3]), rounding="up").tolist() == [0.0, 0.0]
     assert topk.gap_bound(s, 0).tolist() == [1.0, 1.0]
     assert topk.gap_bound(s, 7).tolist() == [0.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- subnormal weights
+# A weight below the normal range carries an absolute error (kernels.floating.EXP_ABS); in a
+# block bound it stands for a whole block, so that error is multiplied by the block size.
+BACKENDS = pytest.mark.parametrize("backend", ["torch", "numba"])
+
+
+def mp_group_tail(groups, k):
+    """τ_k of the row made of ``count`` copies of each ``score`` in ``groups``, in mpmath."""
+    with mpmath.workdps(50):
+        gs = sorted(((mpmath.exp(mpmath.mpf(s)), c) for s, c in groups), key=lambda g: -g[0])
+        z = mpmath.fsum(w * c for w, c in gs)
+        head, tail = k, mpmath.mpf(0)
+        for w, c in gs:
+            taken = min(head, c)
+            head -= taken
+            tail += w * (c - taken)
+        return tail / z
+
+
+def group_row(groups):
+    return torch.tensor([s for s, c in groups for _ in range(c)], dtype=torch.float64)
+
+
+def mp_block_formula(L, nh, U, nt):
+    """Σ_T|B|e^{U_b} / (Σ_H|B|e^{L_b} + Σ_T|B|e^{U_b}) in mpmath (the quantity bounded)."""
+    with mpmath.workdps(50):
+        t = mpmath.fsum(mpmath.mpf(c) * mpmath.exp(mpmath.mpf(u)) for u, c in zip(U, nt))
+        h = mpmath.fsum(mpmath.mpf(c) * mpmath.exp(mpmath.mpf(x)) for x, c in zip(L, nh))
+        return t / (h + t)
+
+
+@BACKENDS
+def test_gap_bound_covers_a_subnormal_tail_of_many_keys(backend):
+    # reported: 1.150037e-318 against the exact 1.3883725e-318 (n*TINY slack, not n*exp error)
+    groups = [(0.0, 1), (-744.1, 200000)]
+    s, exact = group_row(groups), mp_group_tail(groups, 1)
+    assert exact > 1.38e-318
+    assert float(topk.gap_bound(s, 1, backend=backend)) >= exact
+    assert float(topk.multi_gap_bound(s, 1, 3, backend=backend)) >= exact
+    assert float(topk.tail_mass(s, 1, rounding="down", backend=backend)) <= exact
+    assert exact <= float(topk.tail_mass(s, 1, rounding="up", backend=backend)) <= 1e-316
+
+
+@BACKENDS
+@pytest.mark.parametrize("U, nt", [(-744.1, 1e6), (-746.0, 2.0 ** 40)])
+def test_blockwise_covers_a_subnormal_block_weight_times_its_size(backend, U, nt):
+    # reported: 5.10e-318 against 6.94e-318, and 1.6e-319 against 1.14e-312
+    exact = mp_block_formula([0.0], [1.0], [U], [nt])
+    bound = float(topk.blockwise_bound([0.0], [1.0], [U], [nt], backend=backend))
+    assert exact <= bound <= 100 * exact
+
+
+subnormal_scores = st.one_of(
+    st.floats(-760.0, -700.0),
+    st.floats(-2.0, 0.0),
+    st.sampled_from([0.0, -708.4, -744.1, -744.44, -745.13, -745.2, -746.0, -800.0, NINF]),
+)
+
+
+@BACKENDS
+@given(st.lists(st.tuples(subnormal_scores, st.integers(1, 3000)), min_size=1, max_size=4),
+       st.integers(0, 13000), st.sampled_from([1e-320, 1e-310, 1e-300, 1e-12, 0.01]))
+def test_tail_bounds_enclose_subnormal_tails(backend, groups, k, eps):
+    groups = [(0.0, 1)] + groups  # the maximum is 0: the other weights may be subnormal
+    s = group_row(groups)
+    n_valid = int(torch.isfinite(s).sum())
+    k = min(k, n_valid)
+    exact = mp_group_tail([g for g in groups if g[0] != NINF], k)
+    assert float(topk.tail_mass(s, k, rounding="down", backend=backend)) <= exact
+    assert exact <= float(topk.tail_mass(s, k, rounding="up", backend=backend))
+    for levels in (1, 2, 5):
+        assert exact <= float(topk.multi_gap_bound(s, k, levels, backend=backend))
+    assert exact <= float(topk.gap_bound(s, k, backend=backend))
+    cert = topk.certify_topk(s, eps, backend=backend)
+    kc = int(cert.k)
+    tail_k = mp_group_tail([g for g in groups if g[0] != NINF], kc)
+    assert tail_k <= float(cert.tail_upper) <= eps
+    if kc > 0:
+        assert float(cert.tail_lower_prev) <= mp_group_tail(
+            [g for g in groups if g[0] != NINF], kc - 1)
+
+
+block_sizes = st.one_of(st.integers(1, 2 ** 50).map(float), st.floats(0.5, 2.0 ** 45))
+
+
+@BACKENDS
+@given(st.lists(st.tuples(st.floats(-3.0, 0.0), block_sizes), min_size=1, max_size=3),
+       st.lists(st.tuples(st.one_of(st.floats(-790.0, -700.0), st.floats(-40.0, 0.0)),
+                          block_sizes), min_size=1, max_size=4))
+def test_blockwise_encloses_the_block_formula_with_huge_blocks(backend, head, tail):
+    L, nh = zip(*head)
+    U, nt = zip(*tail)
+    exact = mp_block_formula(L, nh, U, nt)
+    bound = float(topk.blockwise_bound(list(L), list(nh), list(U), list(nt), backend=backend))
+    assert exact <= bound <= 1.0
+
+
+@BACKENDS
+@given(st.floats(-760.0, -700.0), st.integers(1, 40), st.integers(1, 3),
+       st.floats(1.0, 1e100))
+def test_output_error_bounds_cover_subnormal_tail_probabilities(backend, x, m, h, B):
+    # h head keys at 0 with value 0, m tail keys at x with value B: err = τ·B exactly
+    s = torch.tensor([0.0] * h + [x] * m, dtype=torch.float64)
+    V = torch.tensor([[0.0]] * h + [[B]] * m, dtype=torch.float64)
+    with mpmath.workdps(50):
+        tau = m * mpmath.exp(mpmath.mpf(x)) / (h + m * mpmath.exp(mpmath.mpf(x)))
+        exact = tau * mpmath.mpf(B)
+    res = topk.output_error_bound(s, V, h, backend=backend)
+    for b in (res.diameter, res.variance, res.norm):
+        assert exact <= float(b)
