@@ -61,7 +61,7 @@ class RadiusResult:
     zero: complex
     lower_bound: float
     bracket: tuple[float, float] = (math.nan, math.nan)
-    method: str = "certified argument-principle bisection, Newton polish at 40 digits"
+    method: str = "certified argument-principle bisection, mpmath Newton polish"
     assumptions: str = "logits linear along the direction: z(t) = z + a t"
 
 
@@ -413,11 +413,17 @@ def count_zeros(z, a, R: float, time_limit: float = 5.0) -> int:
     return res[0]
 
 
-def _newton(z, a, t0: complex, deadline: float, dps: int = 40, iters: int = 60):
-    """Newton on F at ``dps`` digits from t0: (zero, |F|/sum|terms|) or None (no convergence)."""
+def _newton(z, a, t0: complex, deadline: float, iters: int = 60):
+    """Newton on F from t0 at enough digits for the exponents' magnitude: (zero, |F|/sum|terms|)
+    or None (no convergence to |F| <= 1e-20 sum|terms|). It runs on e^{-ct} F (same zeros,
+    c the mid slope): a common slope a0 >> the spread would shrink Newton's basin to ~spread/a0.
+    """
+    mag = float(np.max(np.abs(z))) + float(np.max(np.abs(a))) * abs(t0)
+    dps = 30 + math.ceil(math.log10(2.0 + mag))
     with mpmath.workdps(dps):
         zz = [mpmath.mpf(float(v)) for v in z]
-        aa = [mpmath.mpf(float(v)) for v in a]
+        c = (mpmath.mpf(float(np.max(a))) + mpmath.mpf(float(np.min(a)))) / 2
+        aa = [mpmath.mpf(float(v)) - c for v in a]
         t = mpmath.mpc(t0)
         for _ in range(iters):
             if time.monotonic() > deadline:
@@ -426,7 +432,7 @@ def _newton(z, a, t0: complex, deadline: float, dps: int = 40, iters: int = 60):
             F = mpmath.fsum(e)
             dF = mpmath.fsum(ak * ek for ak, ek in zip(aa, e))
             scale = mpmath.fsum(abs(ek) for ek in e)
-            if abs(F) <= scale * mpmath.mpf(10) ** (-dps + 10):
+            if abs(F) <= scale * mpmath.mpf(10) ** -20:
                 return complex(t), float(abs(F) / scale)
             if dF == 0:
                 return None
@@ -441,10 +447,18 @@ def radius_exact(z, a, tol: float = 1e-10, time_limit: float = 5.0) -> RadiusRes
     zero (inf), two give the exact binary closed form sqrt(delta^2 + pi^2)/|Delta| (DESIGN.md
     section 2). Otherwise the radius is bracketed by certified zero counts (:func:`count_zeros`
     machinery): 0 zeros in |t| < lo (or lo = the rigorous lower bound), >= 1 in |t| < hi,
-    bisected to relative width ``tol``; the zero is then polished by Newton at 40 digits and
-    must lie in the bracket. Raises :class:`RadiusNotVerified` (a ValueError naming z and a)
+    bisected to relative width ``tol``; the zero is then polished by Newton (30 digits beyond
+    the exponents' magnitude) and must lie in the bracket. Raises :class:`RadiusNotVerified` (a ValueError naming z and a)
     when it cannot verify within ``time_limit`` seconds; never returns an unverified radius.
     """
+    try:
+        return _radius_exact(z, a, tol, time_limit)
+    except RadiusNotVerified as err:
+        z, a = _as_vectors(z, a)
+        raise RadiusNotVerified(f"{err} (z={z.tolist()}, a={a.tolist()})") from None
+
+
+def _radius_exact(z, a, tol: float, time_limit: float) -> RadiusResult:
     if not (tol > 0):
         raise ValueError(f"tol must be positive, got {tol}")
     if not (time_limit > 0):
@@ -456,7 +470,6 @@ def radius_exact(z, a, tol: float = 1e-10, time_limit: float = 5.0) -> RadiusRes
         return RadiusResult(math.inf, complex(math.nan, math.nan), lb, (math.inf, math.inf),
                             method="all slopes equal: F = e^{z + a t} sum e^{z_k - z} never vanishes")
     Z, A, E = _groups_mp(z, a)
-    what = f"z={z.tolist()}, a={a.tolist()}"
     if A.size == 2:
         with mpmath.workdps(60):
             Zm = [mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(float(v))) for v in z[a == g]))
@@ -467,7 +480,7 @@ def radius_exact(z, a, tol: float = 1e-10, time_limit: float = 5.0) -> RadiusRes
             r = abs(zero)
             radius = float(r)
             if math.isinf(radius):
-                raise RadiusNotVerified(f"radius_exact: radius {mpmath.nstr(r, 5)} beyond float64 ({what})")
+                raise RadiusNotVerified(f"radius_exact: radius {mpmath.nstr(r, 5)} beyond float64")
             bracket = (_down(radius, 1), float(np.nextafter(radius, math.inf)))
         return RadiusResult(radius, complex(zero), lb, bracket,
                             method="merged equal slopes; binary closed form at 60 digits")
@@ -483,7 +496,7 @@ def radius_exact(z, a, tol: float = 1e-10, time_limit: float = 5.0) -> RadiusRes
             break
         lo, hi = hi, hi * 2.0
     else:
-        raise RadiusNotVerified(f"radius_exact: no zero bracketed ({what})")
+        raise RadiusNotVerified(f"radius_exact: no zero bracketed")
     found = None
     while hi - lo > tol * hi:
         if found is None and hi - lo <= 1e-3 * hi:
@@ -512,13 +525,13 @@ def radius_exact(z, a, tol: float = 1e-10, time_limit: float = 5.0) -> RadiusRes
         else:
             lo = cand
     if hi - lo > max(tol, 1e-7) * hi:
-        raise RadiusNotVerified(f"radius_exact: bracket [{lo!r}, {hi!r}] not resolved to tol ({what})")
+        raise RadiusNotVerified(f"radius_exact: bracket [{lo!r}, {hi!r}] not resolved to tol")
     if not (found and lo <= abs(found[0]) <= hi):
         t0 = hi * complex(math.cos(2 * math.pi * s_best), math.sin(2 * math.pi * s_best))
         found = _newton(z, a, t0, deadline)
     if found is None or not (lo * (1 - 1e-12) <= abs(found[0]) <= hi * (1 + 1e-12)):
         raise RadiusNotVerified(f"radius_exact: Newton found no zero in the verified bracket "
-                                f"[{lo!r}, {hi!r}] ({what})")
+                                f"[{lo!r}, {hi!r}]")
     best = complex(found[0].real, abs(found[0].imag))
     with mpmath.workdps(40):
         radius = float(abs(mpmath.mpc(best)))
@@ -551,7 +564,12 @@ def radius_lower_bound_batch(z, a, method: str = "pi"):
         raise ValueError("a must be finite (no NaN/inf)")
     n = z.shape[1]
     spread = a.max(dim=1).values - a.min(dim=1).values
-    w = torch.where(spread > 0, math.pi / spread, torch.full_like(spread, math.inf))
+    big = torch.full_like(spread, _MAX)
+
+    def finite(x):  # a real-arithmetic finite quantity that overflowed is still >= the largest float
+        return torch.where(torch.isinf(x), big, x)
+
+    w = torch.where(spread > 0, finite(math.pi / spread), torch.full_like(spread, math.inf))
     margin = 1.0 - 64 * n * U64
     def down(x):  # relative margin, one ulp towards 0, inf kept
         return torch.where(torch.isinf(x), x, torch.nextafter(x * margin, torch.zeros_like(x)))
@@ -575,7 +593,7 @@ def radius_lower_bound_batch(z, a, method: str = "pi"):
     zero = torch.zeros_like(spread)
     l0 = logodds(zero) - err(zero)
     pos = (l0 > 0) & (spread > 0)
-    ucl = torch.where(pos, l0 / torch.where(s > 0, s, torch.ones_like(s)), zero) * margin
+    ucl = finite(torch.where(pos, l0 / torch.where(s > 0, s, torch.ones_like(s)), zero)) * margin
     u = ucl
     if method == "root":
         dist = torch.full_like(ucl, math.inf)
@@ -595,7 +613,7 @@ def radius_lower_bound_batch(z, a, method: str = "pi"):
                 hi = torch.where(good, hi, mid)
             dist = torch.minimum(dist, lo)  # l > 0 certified on [0, lo] on this side
         u = torch.where(pos & torch.isfinite(dist), torch.maximum(dist, ucl), ucl)
-    r = torch.sqrt(u * u + w * w)
+    r = finite(torch.hypot(u, w))  # hypot: u * u overflows from u ~ 1e154
     return down(torch.where(torch.isfinite(w), r, w))
 
 
@@ -612,6 +630,7 @@ def pi_radius_batch(a):
     if not torch.isfinite(spread).all():
         raise ValueError("a must be finite (no NaN/inf)")
     w = torch.where(spread > 0, math.pi / spread, torch.full_like(spread, math.inf))
+    w = torch.where(torch.isinf(w) & (spread > 0), torch.full_like(w, _MAX), w)  # subnormal spread
     margin = 1.0 - 64 * a.shape[1] * U64
     return torch.where(torch.isinf(w), w, torch.nextafter(w * margin, torch.zeros_like(w)))
 
