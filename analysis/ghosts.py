@@ -176,13 +176,13 @@ def _log_odds(Z: np.ndarray, A: np.ndarray, E: np.ndarray, k0: int, u: float) ->
     """(l(u), absolute error bound), l(u) = Z_k0 + A_k0 u - LSE_{j != k0}(Z_j + A_j u).
 
     Each exponent Z_j + A_j u carries <= 2u(|Z_j| + |A_j u|) + E_j (one product, one sum, the
-    merge error); LSE is 1-Lipschitz in the max norm. Non-finite values give (nan, inf).
+    merge error; plus 2^-1070 for a subnormal product); LSE is 1-Lipschitz in the max norm. Non-finite values give (nan, inf).
     """
     others = np.delete(np.arange(Z.size), k0)
     with np.errstate(over="ignore", invalid="ignore"):
         x = Z[others] + A[others] * u
         top = Z[k0] + A[k0] * u
-        arg_err = 2 * U64 * (np.abs(Z) + np.abs(A * u)) + E
+        arg_err = 2 * U64 * (np.abs(Z) + np.abs(A * u)) + E + 2.0 ** -1070  # floor: subnormal A u
     if not (np.all(np.isfinite(x)) and math.isfinite(top) and np.all(np.isfinite(arg_err))):
         return math.nan, math.inf
     lse, lse_err = _lse(x)
@@ -386,7 +386,8 @@ def _groups_mp(z: np.ndarray, a: np.ndarray, dps: int = 50):
                 continue
             val = mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(float(v))) for v in zg))
             Z[g] = float(val)
-            E[g] = float(abs(mpmath.mpf(Z[g]) - val)) * 2 + 1e-300
+            # val itself is good to ~dps digits: cover that too
+            E[g] = float(2 * abs(mpmath.mpf(Z[g]) - val) + mpmath.mpf(10) ** (8 - dps) * (1 + abs(val)))
     return Z, A, E
 
 

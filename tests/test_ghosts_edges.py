@@ -185,7 +185,7 @@ def test_beyond_float_range_is_largest_float_not_inf():
         radius_exact(z, a)
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(
     st.lists(st.tuples(st.floats(-1, 1), st.integers(0, 2)), min_size=2, max_size=5),
     st.integers(-300, 300),
