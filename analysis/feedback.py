@@ -24,9 +24,19 @@ from fractions import Fraction
 import numpy as np
 
 __all__ = [
-    "EXACT_MAX_N", "NormBound", "StabilityCertificate", "rigorous_norm2", "projected",
-    "frobenius_upper", "stability_threshold", "softmax", "iterate", "fixed_points_n2",
-    "period_two_amplitude", "jacobian_norm", "example_matrix",
+    "EXACT_MAX_N",
+    "NormBound",
+    "StabilityCertificate",
+    "example_matrix",
+    "fixed_points_n2",
+    "frobenius_upper",
+    "iterate",
+    "jacobian_norm",
+    "period_two_amplitude",
+    "projected",
+    "rigorous_norm2",
+    "softmax",
+    "stability_threshold",
 ]
 
 EXACT_MAX_N = 24

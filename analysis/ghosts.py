@@ -35,14 +35,14 @@ from kernels.floating import EXP_REL, U64, gamma
 __all__ = [
     "RadiusNotVerified",
     "RadiusResult",
+    "batch_radius",
     "binary_radius",
     "count_zeros",
-    "radius_lower_bound",
-    "radius_exact",
-    "top2_estimate",
-    "radius_lower_bound_batch",
     "pi_radius_batch",
-    "batch_radius",
+    "radius_exact",
+    "radius_lower_bound",
+    "radius_lower_bound_batch",
+    "top2_estimate",
 ]
 
 _METHODS = ("pi", "closed", "root")
@@ -366,7 +366,7 @@ def _count(Z, A, E, R, deadline, max_evals=4_000_000):
         return None
     inc = np.angle(np.roll(F, -1) / F)
     total = float(np.sum(inc)) / (2 * math.pi)
-    k = int(round(total))
+    k = round(total)
     if abs(total - k) > 0.25:
         return None
     return k, float(s[int(np.argmin(absF))])
@@ -497,7 +497,7 @@ def _radius_exact(z, a, tol: float, time_limit: float) -> RadiusResult:
             break
         lo, hi = hi, hi * 2.0
     else:
-        raise RadiusNotVerified(f"radius_exact: no zero bracketed")
+        raise RadiusNotVerified("radius_exact: no zero bracketed")
     found = None
     while hi - lo > tol * hi:
         if found is None and hi - lo <= 1e-3 * hi:

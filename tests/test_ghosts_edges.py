@@ -118,7 +118,7 @@ def test_all_equal_slopes():
 @pytest.mark.parametrize("base", [1.0, 0.3, -7.5, 1e-3])
 def test_near_ties_one_ulp(base):
     # slopes base, base + 1 ulp, base + 2 ulp: exactly base + m h (h = 1 ulp), a polynomial
-    h = math.ulp(base) if base > 0 else math.ulp(base)
+    h = math.ulp(base)
     a = [base, base + h, base + 2 * h]
     assert a[1] - a[0] == h and a[2] - a[1] == h
     z = [0.3, -0.2, 0.1]
