@@ -271,3 +271,44 @@ def test_time_limit_gives_a_clear_error():
     with pytest.raises(ValueError, match="time_limit"):
         radius_exact(z, a, time_limit=0)
     assert issubclass(RadiusNotVerified, ValueError)
+
+
+FAR_CASES = [  # main's findroot gave up on these (radius ~400 and ~1300)
+    ([-39.02588919911944, 21.874887103536196, -39.45289602484842, 7.0876736766835196,
+      63.47347875152461, 8.14068074745394],
+     [-0.038591138600206826, 0.11921080295463271, -0.02719106873575429, -0.010309824991843181,
+      0.015218603011218185, -0.06712825987649508]),
+    ([-27.73063375051273, 97.0170569933119, -25.800391863914392, 12.480696121792082,
+      -46.5645110443284, -9.377044577598113, -17.73779257669838, -3.6490177982490235],
+     [0.06472703185969508, -0.010413666947413832, -0.06250998127143757, 0.004173502216637259,
+      -0.05019074629822239, -0.007647785279735458, 0.07865272647799175, 0.04651380221834023]),
+]
+
+
+def _independent_bracket(z, a, res):
+    """The checker's own zero counter: none inside (1 - 1e-6) r, at least one inside (1 + 1e-6) r."""
+    assert check.zero_count(z, a, res.radius * (1 - 1e-6)) == 0
+    assert check.zero_count(z, a, res.radius * (1 + 1e-6)) >= 1
+
+
+@pytest.mark.parametrize("z, a", FAR_CASES)
+def test_far_zeros_reported_regime(z, a):
+    res = radius_exact(z, a)
+    _independent_bracket(z, a, res)
+    assert res.bracket[0] <= res.radius <= res.bracket[1] * (1 + 1e-12)
+    for meth in METHODS:
+        assert radius_lower_bound(z, a, meth) <= res.bracket[0]
+
+
+@settings(max_examples=6)
+@given(st.integers(3, 8), st.integers(0, 2**32 - 1), st.sampled_from([0.02, 0.3, 3.0]),
+       st.sampled_from([1.0, 10.0, 40.0]))
+def test_exact_radius_against_independent_counter(n, seed, a_scale, z_scale):
+    rng = np.random.default_rng(seed)
+    z = list(rng.normal(size=n) * z_scale)
+    a = list(rng.normal(size=n) * a_scale)
+    try:
+        res = radius_exact(z, a, time_limit=3.0)
+    except RadiusNotVerified:
+        return  # allowed: a clear error, never a wrong radius
+    _independent_bracket(z, a, res)
