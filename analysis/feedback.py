@@ -10,7 +10,10 @@ sufficient condition is β < 1/‖W‖₂. The threshold is sharp: n = 2, W = cI
 Rigour: ‖ΠWΠ‖₂ is bounded from above, never below. ΠWΠ is formed in exact rationals from the
 float entries of W, a float candidate s = σ̂(1 + 1e-9) is proved >= σ_max by an exact LDLᵀ
 factorisation of s²I - AᵀA (all pivots >= 0 <=> positive semidefinite); for n > 24 the
-Frobenius norm, rounded up, is used instead (rigorous but looser). β* is rounded down.
+Frobenius norm is used instead (rigorous but looser): its square is summed in exact
+rationals and its square root rounded up by an exact comparison, so no entry can underflow
+or overflow when squared (the float sum of squares lost every entry below ~1e-162). β* is
+rounded down; the contraction factor is rounded up in exact rationals.
 """
 from __future__ import annotations
 
@@ -19,6 +22,22 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+
+__all__ = [
+    "EXACT_MAX_N",
+    "NormBound",
+    "StabilityCertificate",
+    "example_matrix",
+    "fixed_points_n2",
+    "frobenius_upper",
+    "iterate",
+    "jacobian_norm",
+    "period_two_amplitude",
+    "projected",
+    "rigorous_norm2",
+    "softmax",
+    "stability_threshold",
+]
 
 EXACT_MAX_N = 24
 
@@ -76,7 +95,7 @@ def rigorous_norm2(A_exact: list[list[Fraction]]) -> NormBound:
     A = np.array([[float(v) for v in row] for row in A_exact])
     n, m = A.shape
     est = float(np.linalg.svd(A, compute_uv=False)[0]) if A.size else 0.0
-    if max(n, m) <= EXACT_MAX_N:
+    if max(n, m) <= EXACT_MAX_N and math.isfinite(est):
         AtA = [[sum((A_exact[k][i] * A_exact[k][j] for k in range(n)), Fraction(0))
                 for j in range(m)] for i in range(m)]
         s = est * (1 + 1e-9) + 1e-300
@@ -86,9 +105,36 @@ def rigorous_norm2(A_exact: list[list[Fraction]]) -> NormBound:
             if _ldl_psd(M):
                 return NormBound(s, est, "exact LDL^T certificate of s^2 I - A^T A >= 0")
             s = s * (1 + 1e-6) + 1e-300
-    fro = math.sqrt(math.fsum(float(v) ** 2 for row in A_exact for v in row))
-    fro = float(np.nextafter(fro * (1 + 4 * (n * m + 2) * 2.0 ** -53), np.inf))
-    return NormBound(fro, est, "Frobenius norm rounded up")
+    return NormBound(frobenius_upper(A_exact), est, "Frobenius norm rounded up")
+
+
+def _up(q: Fraction) -> float:
+    """The smallest float >= q (inf above the float range)."""
+    try:
+        f = float(q)
+    except OverflowError:
+        return math.inf
+    if Fraction(f) < q:
+        f = float(np.nextafter(f, np.inf))
+    return f
+
+
+def frobenius_upper(A_exact: list[list[Fraction]]) -> float:
+    """A float >= ‖A‖_F >= ‖A‖₂ for an exact rational matrix.
+
+    S = Σ a_ij² is exact; with S = 4^e S', S' in [1, 4), sqrt(S') is rounded up by an exact
+    check r² >= S', then scaled by 2^e (exact in the normal range, rounded up otherwise).
+    Never underflows to 0 for a non-zero A, and gives inf only above the float range.
+    """
+    S = sum((v * v for row in A_exact for v in row), Fraction(0))
+    if S == 0:
+        return 0.0
+    e = (S.numerator.bit_length() - S.denominator.bit_length()) // 2
+    Sp = S / Fraction(4) ** e if e >= 0 else S * Fraction(4) ** (-e)
+    r = math.sqrt(float(Sp))
+    while Fraction(r) ** 2 < Sp:
+        r = float(np.nextafter(r, np.inf))
+    return _up(Fraction(r) * Fraction(2) ** e)
 
 
 def _exact(W: np.ndarray) -> list[list[Fraction]]:
@@ -105,7 +151,8 @@ def projected(W_exact: list[list[Fraction]]) -> list[list[Fraction]]:
 
 
 def _down(v: float) -> float:
-    return float(np.nextafter(v, -np.inf))
+    """One float below v, never below 0 (thresholds are non-negative)."""
+    return max(0.0, float(np.nextafter(v, -np.inf)))
 
 
 def stability_threshold(W, beta: float | None = None, tol: float = 1e-8) -> StabilityCertificate:
@@ -131,7 +178,10 @@ def stability_threshold(W, beta: float | None = None, tol: float = 1e-8) -> Stab
     beta_cl = math.inf if fn.value == 0 else _down(1.0 / fn.value)
     q = unique = iters = None
     if beta is not None:
-        q = float(np.nextafter(beta * pn.value / 2 * (1 + 2.0 ** -50), np.inf))
+        # exact product: a float product may underflow (or round down) to a false contraction
+        q = _up(Fraction(beta) * Fraction(pn.value) / 2) if math.isfinite(pn.value) else math.inf
+        if beta == 0:
+            q = 0.0
         unique = q < 1
         if unique:
             iters = 0 if q == 0 else max(0, math.ceil(math.log(tol / math.sqrt(2)) / math.log(q)))

@@ -14,42 +14,54 @@ radius at t = 0 is the modulus of the nearest complex zero of F (DESIGN.md secti
 ``closed`` and ``root`` are exact for two classes. Every lower bound is rounded down
 (float64 standard model, margins below), so it is <= the real-arithmetic radius.
 
-The exact radius uses the argument principle (winding of F on |t| = R, bisection on R from
-the lower bound) and an mpmath Newton polish of the zero.
+Terms with equal slopes are merged (log-sum-exp of their z) before anything else. The exact
+radius uses the closed form when two distinct slopes remain, else the argument principle
+with certified sampling (winding of F on |t| = R, bisection on R from the lower bound), a
+time limit, and a Newton polish of the zero that must land in the verified bracket.
 Source: the "ghosts of softmax" abstract in seeds/abstracts.md; formulas checked in DESIGN.md.
 """
 from __future__ import annotations
 
 import math
+import sys
+import time
 from dataclasses import dataclass
 
 import mpmath
 import numpy as np
 
-from kernels.floating import EXP_REL, U64
+from kernels.floating import EXP_REL, U64, gamma
 
 __all__ = [
+    "RadiusNotVerified",
     "RadiusResult",
-    "binary_radius",
-    "radius_lower_bound",
-    "radius_exact",
-    "top2_estimate",
-    "radius_lower_bound_batch",
-    "pi_radius_batch",
     "batch_radius",
+    "binary_radius",
+    "count_zeros",
+    "pi_radius_batch",
+    "radius_exact",
+    "radius_lower_bound",
+    "radius_lower_bound_batch",
+    "top2_estimate",
 ]
 
 _METHODS = ("pi", "closed", "root")
+_MAX = sys.float_info.max
 
 
 @dataclass(frozen=True)
 class RadiusResult:
-    """Exact Taylor radius of log F at 0 and the zero of F that attains it (Im >= 0)."""
+    """Exact Taylor radius of log F at 0 and the zero of F that attains it (Im >= 0).
+
+    ``bracket`` = (lo, hi) is the verified enclosure lo <= radius <= hi (certified zero counts,
+    or the closed form); ``radius`` is |zero| for the Newton-polished zero inside it.
+    """
 
     radius: float
     zero: complex
     lower_bound: float
-    method: str = "argument principle + bisection, mpmath findroot polish"
+    bracket: tuple[float, float] = (math.nan, math.nan)
+    method: str = "certified argument-principle bisection, mpmath Newton polish"
     assumptions: str = "logits linear along the direction: z(t) = z + a t"
 
 
@@ -112,51 +124,102 @@ def top2_estimate(z, a, y: int | None = None, c: int | None = None) -> float:
     return binary_radius(z[y] - z[c], a[y] - a[c])
 
 
-def _lse_err(vals_abs_max: float, spread: float, n: int) -> float:
-    """Absolute error bound of float64 LSE = m + log(sum exp(x_j - m)) (standard model).
+def _lse(x: np.ndarray) -> tuple[float, float]:
+    """(LSE(x), absolute error bound) for float LSE = m + log(sum exp(x_j - m)), x exact floats.
 
-    x_j - m: relative error u, i.e. absolute u*spread in the exponent, which becomes a relative
-    error <= e^{u spread}-1 ~ u*spread of each exp, plus EXP_REL; the sum adds gamma_{n-1};
-    log(S), S in [1, n], converts a relative error eta into an absolute one <= eta/(1-eta),
-    adds u*log n; the final add adds u*(|m| + log n). Doubled for safety.
+    Standard model (kernels/floating.py): d_j = m - x_j carries <= u d_j, so the term e^{-d_j}
+    is off by <= e^{-d_j}(e^{u d_j} - 1) <= u d_j e^{-d_j (1-u)} (absolute, and S >= 1 since the
+    top term is exactly 1); exp adds EXP_REL, underflow 2^-1074 per term, the sum gamma_n.
+    With that relative error eta <= 1/2 of S, |log(S~) - log S| <= 2 eta; log and the final
+    add round once each. The whole is doubled to cover evaluating the bound itself. When eta
+    is not small the error is inf (no certificate), never a negative or wrapped-around value.
     """
-    eta = U64 * spread + EXP_REL + (n + 1) * U64
-    return 2.0 * (eta / (1.0 - eta) + U64 * (vals_abs_max + 2 * math.log(n) + 1.0))
-
-
-def _log_odds(z: np.ndarray, a: np.ndarray, k0: int, u: float) -> tuple[float, float]:
-    """(l(u), absolute error bound) with l(u) = z_k0 + a_k0 u - LSE_{j != k0}(z_j + a_j u)."""
-    others = np.delete(np.arange(z.size), k0)
-    x = z[others] + a[others] * u
+    n = x.size
     m = float(np.max(x))
-    lse = m + math.log(float(np.sum(np.exp(x - m))))
-    top = z[k0] + a[k0] * u
-    # each x_j carries <= 2u|z_j| + 2u|a_j u| (one product, one sum)
-    arg_err = 2 * U64 * float(np.max(np.abs(z) + np.abs(a * u)))
-    err = (
-        _lse_err(abs(m), float(m - np.min(x)), others.size)
-        + 2 * arg_err
-        + 2 * U64 * (abs(top) + abs(lse))
-    )
-    return top - lse, err
+    d = m - x
+    if not (math.isfinite(m) and np.all(np.isfinite(d))):
+        return math.nan, math.inf
+    dc = np.minimum(d, 1e6)  # beyond, u d e^{-d} is far below the underflow floor
+    S = float(np.sum(np.exp(-d)))
+    arg = float(np.sum(U64 * dc * np.exp(-dc * (1.0 - U64))))
+    eta = 2.0 * arg + EXP_REL + gamma(n) + n * 2.0 ** -1070
+    if not (eta <= 0.25):
+        return math.nan, math.inf
+    L = math.log(S)
+    val = m + L
+    err = 2.0 * (2.0 * eta + EXP_REL * abs(L) + U64 * abs(val))
+    return val, err
+
+
+def _merge_ties(z: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Terms with exactly equal slopes merged: sum_{a_j = A} e^{z_j + A t} = e^{LSE(z_j) + A t}.
+
+    Returns (Z, A, E): merged intercepts (float), distinct slopes, and absolute error bounds of
+    the float Z (0 for a single term). The zero set of F is unchanged by merging.
+    """
+    A, inv = np.unique(a, return_inverse=True)
+    if A.size == a.size:
+        order = np.argsort(a, kind="stable")
+        return z[order], a[order], np.zeros(a.size)
+    Z = np.empty(A.size)
+    E = np.zeros(A.size)
+    for g in range(A.size):
+        zg = z[inv == g]
+        if zg.size == 1:
+            Z[g] = zg[0]
+        else:
+            Z[g], E[g] = _lse(zg)
+    return Z, A, E
+
+
+def _log_odds(Z: np.ndarray, A: np.ndarray, E: np.ndarray, k0: int, u: float) -> tuple[float, float]:
+    """(l(u), absolute error bound), l(u) = Z_k0 + A_k0 u - LSE_{j != k0}(Z_j + A_j u).
+
+    Each exponent Z_j + A_j u carries <= 2u(|Z_j| + |A_j u|) + E_j (one product, one sum, the
+    merge error; plus 2^-1070 for a subnormal product); LSE is 1-Lipschitz in the max norm. Non-finite values give (nan, inf).
+    """
+    others = np.delete(np.arange(Z.size), k0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = Z[others] + A[others] * u
+        top = Z[k0] + A[k0] * u
+        arg_err = 2 * U64 * (np.abs(Z) + np.abs(A * u)) + E + 2.0 ** -1070  # floor: subnormal A u
+    if not (np.all(np.isfinite(x)) and math.isfinite(top) and np.all(np.isfinite(arg_err))):
+        return math.nan, math.inf
+    lse, lse_err = _lse(x)
+    val = top - lse
+    err = lse_err + float(np.max(arg_err[others])) + float(arg_err[k0]) + 2 * U64 * (abs(top) + abs(lse))
+    err = err * (1.0 + 16 * U64)
+    if not math.isfinite(val):
+        return math.nan, math.inf
+    return val, err
+
+
+def _finite_down(x: float, k: int = 4) -> float:
+    """_down for a quantity known to be finite in real arithmetic: an overflowed inf becomes the
+    largest float (rounded down), which is still below the true value."""
+    return _down(_MAX if math.isinf(x) else x, k)
 
 
 def _spread_pi(a: np.ndarray) -> float:
-    """A rounded-down pi/Delta_a (inf when all slopes are equal)."""
-    spread = float(np.max(a) - np.min(a))  # one rounding: true spread <= spread (1+u)
+    """A rounded-down pi/Delta_a (inf only when all slopes are equal)."""
+    spread = float(np.max(a) - np.min(a))  # one rounding (exact when subnormal)
     if spread == 0.0:
         return math.inf
-    # math.pi < pi, and the division adds one rounding
-    return _down(math.pi / (spread * (1.0 + 2 * U64)), 4)
+    # math.pi < pi; spread (1 + 4u) rounds to >= the true spread; the division rounds once
+    with np.errstate(over="ignore"):
+        q = math.pi / (spread * (1.0 + 4 * U64)) if spread < math.inf else 0.0
+    return _finite_down(q, 4)
 
 
 def radius_lower_bound(z, a, method: str = "root") -> float:
     """Rigorous lower bound on the exact radius (see the module docstring for the formulas).
 
     ``"pi"``: pi/Delta_a; ``"closed"``: sqrt((L0/s)^2 + (pi/Delta_a)^2); ``"root"``: the
-    nearest root of the concave log-odds, certified by an error-bounded evaluation. All three
-    are rounded down; ``closed`` and ``root`` equal the exact radius for two classes up to
-    that rounding. Returns inf when all slopes are equal (F never vanishes).
+    nearest root of the concave log-odds, certified by an error-bounded evaluation. Terms with
+    equal slopes are merged first (their LSE, with its error carried). All three are rounded
+    down and never overflow (a bound beyond the float range is the largest float); ``closed``
+    and ``root`` equal the exact radius for two distinct slopes up to that rounding. Returns
+    inf only when all slopes are equal (F never vanishes).
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
@@ -164,31 +227,35 @@ def radius_lower_bound(z, a, method: str = "root") -> float:
     w = _spread_pi(a)
     if method == "pi" or math.isinf(w):
         return w
-    k0 = int(np.argmax(z))
-    s = float(np.max(np.abs(a - a[k0])))  # > 0 since the spread is > 0
-    s_up = s * (1.0 + 2 * U64)
-    l0, err0 = _log_odds(z, a, k0, 0.0)
+    Z, A, E = _merge_ties(z, a)
+    k0 = int(np.argmax(Z))
+    with np.errstate(over="ignore"):
+        s = float(np.max(np.abs(A - A[k0])))  # > 0: at least two distinct slopes
+        s_up = s * (1.0 + 4 * U64)
+    l0, err0 = _log_odds(Z, A, E, k0, 0.0)
     l0_lo = l0 - err0
-    u_closed = _down(l0_lo / s_up, 4) if l0_lo > 0 else 0.0
+    u_closed = 0.0
+    if l0_lo > 0 and math.isfinite(s_up):
+        u_closed = _finite_down(l0_lo / s_up, 4)
     u = u_closed
     if method == "root" and l0_lo > 0:
-        u = max(u_closed, _root_distance(z, a, k0, u_closed))
-    return _down(math.sqrt(u * u + w * w), 4)
+        u = max(u_closed, _root_distance(Z, A, E, k0, u_closed))
+    return _finite_down(math.hypot(u, w), 4)
 
 
-def _root_distance(z: np.ndarray, a: np.ndarray, k0: int, start: float) -> float:
+def _root_distance(Z: np.ndarray, A: np.ndarray, E: np.ndarray, k0: int, start: float) -> float:
     """Largest certified d with l(u) > 0 for all |u| <= d (l concave, l(0) > 0).
 
     By concavity, l > 0 on [0, d] iff l(d) > 0 and l(0) > 0; each side is bisected and its
-    end point certified by l(d) - err(d) > 0.
+    end point certified by l(d) - err(d) > 0 (a non-finite evaluation certifies nothing).
     """
     best = math.inf
     for sign in (1.0, -1.0):
         lo = start  # certified: l(sign*lo) > 0 (from the closed form)
         hi = max(2 * lo, 1.0)
         for _ in range(64):  # expand until l(hi) is not certified positive
-            val, err = _log_odds(z, a, k0, sign * hi)
-            if val - err <= 0:
+            val, err = _log_odds(Z, A, E, k0, sign * hi)
+            if not (val - err > 0):
                 break
             lo, hi = hi, 2 * hi
         else:
@@ -198,7 +265,7 @@ def _root_distance(z: np.ndarray, a: np.ndarray, k0: int, start: float) -> float
             mid = 0.5 * (lo + hi)
             if mid <= lo or mid >= hi:
                 break
-            val, err = _log_odds(z, a, k0, sign * mid)
+            val, err = _log_odds(Z, A, E, k0, sign * mid)
             if val - err > 0:
                 lo = mid
             else:
@@ -210,105 +277,266 @@ def _root_distance(z: np.ndarray, a: np.ndarray, k0: int, start: float) -> float
 # ---------------------------------------------------------------- exact radius
 
 
-def _phase_samples(z: np.ndarray, a: np.ndarray, R: float, n_pts: int) -> np.ndarray:
-    """arg F(R e^{i theta}) at n_pts equally spaced theta (F shifted by its largest term)."""
-    theta = np.arange(n_pts) * (2 * np.pi / n_pts)
-    t = R * np.exp(1j * theta)
-    w = z[None, :] + a[None, :] * t[:, None]
-    w = w - np.max(w.real, axis=1, keepdims=True)
-    return np.angle(np.sum(np.exp(w), axis=1))
+class RadiusNotVerified(ValueError):
+    """:func:`radius_exact` / :func:`count_zeros` could not verify a result (time limit,
+    float64 precision exhausted near a zero, or the radius beyond the float range)."""
 
 
-def _winding(z: np.ndarray, a: np.ndarray, R: float) -> int | None:
-    """Number of zeros of F in |t| < R (argument principle), None if unresolved.
+def _circle_eval(Z, A, ew, R, s):
+    """F~, F'~, H~ = sum A_j^2 |term_j| and an error bound E >= |F~ - F(c)| at the exact
+    circle points c = R e^{2 pi i s}, all scaled by one positive factor per point (phases
+    unchanged); A_max E bounds the error of F'~ the same way.
 
-    Sampling is refined until every phase increment is below pi/3; the term phases rotate
-    at rate <= R max|a| per radian, which sets the initial resolution.
+    ew_j bounds the absolute exponent error of term j (point off the circle, Z and A roundings);
+    the shift d_j = m - Re w_j adds u d_j, bounded by u d e^{-d(1-u)} in absolute terms as in
+    :func:`_lse`; complex exp adds EXP_REL + 4u; the complex sum 2 gamma_{2n} sum |terms|.
     """
-    n_pts = int(2 ** math.ceil(math.log2(max(256.0, 16 * R * float(np.max(np.abs(a))) + 64))))
-    while n_pts <= 2**15:
-        ph = _phase_samples(z, a, R, n_pts)
-        inc = np.angle(np.exp(1j * np.diff(np.append(ph, ph[0]))))
-        if np.max(np.abs(inc)) < np.pi / 3:
-            return int(round(float(np.sum(inc)) / (2 * np.pi)))
-        n_pts *= 4
-    return None
+    t = R * np.exp(2j * np.pi * s)
+    w = Z[None, :] + A[None, :] * t[:, None]
+    m = w.real.max(axis=1)
+    d = m[:, None] - w.real
+    terms = np.exp(w - m[:, None])
+    mod = np.abs(terms)
+    F = terms.sum(axis=1)
+    dF = (terms * A[None, :]).sum(axis=1)
+    H = (mod * (A * A)[None, :]).sum(axis=1)
+    dc = np.minimum(d, 1e6)
+    base = np.exp(-dc * (1.0 - U64))
+    n = Z.size
+    err = (base * (np.expm1(ew)[None, :] + U64 * dc)).sum(axis=1) + mod.sum(axis=1) * (
+        EXP_REL + 4 * U64 + 2 * gamma(2 * n)) + n * 2.0 ** -1070
+    return F, dF, H, 2.0 * err
 
 
-def _polish(z: np.ndarray, a: np.ndarray, t0: complex, dps: int = 40) -> complex | None:
+def _count(Z, A, E, R, deadline, max_evals=4_000_000):
+    """Verified number of zeros of F in |t| < R, or None when unresolved.
+
+    Argument principle on the exact circle, cut into arcs [s_a, s_b] (s = theta / 2 pi). An arc
+    is accepted when every point tau of it, at distance <= d from the float point t_a, satisfies
+    |F(tau) - F(t_a)| <= |F'(t_a)| d + (d^2/2) e^{A_max d} H(t_a) <= 0.9 |F(t_a)| (Taylor with
+    |F''| <= e^{A_max d} H on the disk), so arg F moves by < asin 0.9 on it; otherwise the arc
+    is halved. The phase errors of the samples are
+    bounded by asin(E/|F~|), and the sum of increments is rounded only when their total is < pi.
+    Returns (count, s of the smallest |F|/sum|terms| sample) or None.
+    """
+    c = 0.5 * (float(np.max(A)) + float(np.min(A)))  # e^{-ct} F has the zeros of F
+    Ash = A - c
+    dt = 32 * U64 * R  # float points t vs the exact circle
+    ew = 2 * U64 * (np.abs(Z) + 3 * np.abs(Ash) * R) + E + np.abs(Ash) * dt
+    if not (R > 0 and math.isfinite(R) and np.all(np.isfinite(ew))) or float(np.max(ew)) > 0.05:
+        return None
+    amax = float(np.max(np.abs(Ash)))
+    gfac = 1.0 + 2.0 * float(np.max(np.expm1(ew))) + 1e-9
+    n0 = int(2 ** min(20, max(6, math.ceil(math.log2(8 * (2 * math.pi * R * amax + 8))))))
+    todo = np.arange(n0, dtype=np.float64) / n0
+    width = np.full(n0, 1.0 / n0)
+    acc_s, acc_F, acc_E, acc_rel = [], [], [], []
+    evals = 0
+    while todo.size:
+        if time.monotonic() > deadline:
+            raise RadiusNotVerified(f"time limit reached while counting zeros on |t| = {R!r}")
+        evals += todo.size
+        if evals > max_evals:
+            return None
+        F, dF, H, err = _circle_eval(Z, Ash, ew, R, todo)
+        absF = np.abs(F)
+        dist = 2 * math.pi * R * width * (1 + 1e-12) + dt
+        bound = ((np.abs(dF) + amax * err) * dist + 0.5 * dist * dist * np.exp(amax * dist) * H * gfac) * (1 + 1e-12)
+        if np.any(absF <= err):
+            return None  # F is within its error of 0 on the circle: a zero too near to resolve
+        ok = (err <= 0.25 * absF) & (bound <= 0.9 * (absF - err))
+        acc_s.append(todo[ok])
+        acc_F.append(F[ok])
+        acc_E.append(err[ok])
+        acc_rel.append(absF[ok])
+        bad = ~ok
+        if bad.any() and float(np.min(width[bad])) < 2.0 ** -60:
+            return None
+        half = width[bad] / 2
+        todo = np.concatenate([todo[bad], todo[bad] + half])
+        width = np.concatenate([half, half])
+    s = np.concatenate(acc_s)
+    order = np.argsort(s)
+    s = s[order]
+    F = np.concatenate(acc_F)[order]
+    err = np.concatenate(acc_E)[order]
+    absF = np.concatenate(acc_rel)[order]
+    phase_err = np.arcsin(np.minimum(1.0, err / absF))
+    if 2 * float(np.sum(phase_err)) >= 0.5 * math.pi:
+        return None
+    inc = np.angle(np.roll(F, -1) / F)
+    total = float(np.sum(inc)) / (2 * math.pi)
+    k = round(total)
+    if abs(total - k) > 0.25:
+        return None
+    return k, float(s[int(np.argmin(absF))])
+
+
+def _groups_mp(z: np.ndarray, a: np.ndarray, dps: int = 50):
+    """Merged (Z, A, E) for the zero counter: Z_g = log sum e^{z_j} at ``dps`` digits, rounded
+    to float with E_g >= |Z_g(float) - Z_g| (0 for single terms, which are exact floats)."""
+    A, inv = np.unique(a, return_inverse=True)
+    Z = np.empty(A.size)
+    E = np.zeros(A.size)
+    with mpmath.workdps(dps):
+        for g in range(A.size):
+            zg = z[inv == g]
+            if zg.size == 1:
+                Z[g] = zg[0]
+                continue
+            val = mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(float(v))) for v in zg))
+            Z[g] = float(val)
+            # val itself is good to ~dps digits: cover that too
+            E[g] = float(2 * abs(mpmath.mpf(Z[g]) - val) + mpmath.mpf(10) ** (8 - dps) * (1 + abs(val)))
+    return Z, A, E
+
+
+def count_zeros(z, a, R: float, time_limit: float = 5.0) -> int:
+    """Verified number of zeros of F(t) = sum_k e^{z_k + a_k t} in the open disk |t| < R.
+
+    Argument principle with an adaptive, certified sampling of the circle (every arc carries a
+    mean-value bound that keeps arg F within a half-plane; sample errors are bounded in the
+    float64 standard model, kernels/floating.py). Raises :class:`RadiusNotVerified` when a zero
+    lies too near the circle to resolve in float64, or past ``time_limit`` seconds.
+    """
+    z, a = _as_vectors(z, a)
+    R = float(R)
+    if not (R > 0 and math.isfinite(R)):
+        raise ValueError(f"R must be finite and > 0, got {R}")
+    if not (time_limit > 0):
+        raise ValueError(f"time_limit must be positive, got {time_limit}")
+    Z, A, E = _groups_mp(z, a)
+    if A.size == 1:
+        return 0
+    res = _count(Z, A, E, R, time.monotonic() + time_limit)
+    if res is None:
+        raise RadiusNotVerified(f"count_zeros: unresolved on |t| = {R!r} for z={z.tolist()}, a={a.tolist()}")
+    return res[0]
+
+
+def _newton(z, a, t0: complex, deadline: float, iters: int = 60):
+    """Newton on F from t0 at enough digits for the exponents' magnitude: (zero, |F|/sum|terms|)
+    or None (no convergence to |F| <= 1e-20 sum|terms|). It runs on e^{-ct} F (same zeros,
+    c the mid slope): a common slope a0 >> the spread would shrink Newton's basin to ~spread/a0.
+    """
+    mag = float(np.max(np.abs(z))) + float(np.max(np.abs(a))) * abs(t0)
+    dps = 30 + math.ceil(math.log10(2.0 + mag))
     with mpmath.workdps(dps):
         zz = [mpmath.mpf(float(v)) for v in z]
-        aa = [mpmath.mpf(float(v)) for v in a]
+        c = (mpmath.mpf(float(np.max(a))) + mpmath.mpf(float(np.min(a)))) / 2
+        aa = [mpmath.mpf(float(v)) - c for v in a]
+        t = mpmath.mpc(t0)
+        for _ in range(iters):
+            if time.monotonic() > deadline:
+                return None
+            e = [mpmath.exp(zk + ak * t) for zk, ak in zip(zz, aa)]
+            F = mpmath.fsum(e)
+            dF = mpmath.fsum(ak * ek for ak, ek in zip(aa, e))
+            scale = mpmath.fsum(abs(ek) for ek in e)
+            if abs(F) <= scale * mpmath.mpf(10) ** -20:
+                return complex(t), float(abs(F) / scale)
+            if dF == 0:
+                return None
+            t = t - F / dF
+        return None
 
-        def F(t):
-            return mpmath.fsum(mpmath.exp(zk + ak * t) for zk, ak in zip(zz, aa))
 
-        try:
-            root = mpmath.findroot(F, mpmath.mpc(t0), tol=mpmath.mpf(10) ** (-dps + 8))
-        except (ValueError, ZeroDivisionError):
-            return None
-        return complex(root)
+def radius_exact(z, a, tol: float = 1e-10, time_limit: float = 5.0) -> RadiusResult:
+    """Distance from 0 to the nearest zero of F(t) = sum_k exp(z_k + a_k t), verified.
 
-
-def radius_exact(z, a, tol: float = 1e-10) -> RadiusResult:
-    """Distance from 0 to the nearest zero of F(t) = sum_k exp(z_k + a_k t), and that zero.
-
-    Bisection on R with the winding number of F on |t| = R, started at the rigorous lower
-    bound (no zero below it), until the zero is bracketed to ~1e-5 relative; mpmath
-    ``findroot`` then polishes candidates (local minima of |F| on the bracketing circle) to
-    ``tol``. The reported radius is the modulus of the polished zero, which the bracket
-    confirms is the nearest one. inf (and zero = nan) when all slopes are equal.
+    Equal slopes are merged (log-sum-exp of their z at 50 digits): one distinct slope means no
+    zero (inf), two give the exact binary closed form sqrt(delta^2 + pi^2)/|Delta| (DESIGN.md
+    section 2). Otherwise the radius is bracketed by certified zero counts (:func:`count_zeros`
+    machinery): 0 zeros in |t| < lo (or lo = the rigorous lower bound), >= 1 in |t| < hi,
+    bisected to relative width ``tol``; the zero is then polished by Newton (30 digits beyond
+    the exponents' magnitude) and must lie in the bracket. Raises :class:`RadiusNotVerified` (a ValueError naming z and a)
+    when it cannot verify within ``time_limit`` seconds; never returns an unverified radius.
     """
+    try:
+        return _radius_exact(z, a, tol, time_limit)
+    except RadiusNotVerified as err:
+        z, a = _as_vectors(z, a)
+        raise RadiusNotVerified(f"{err} (z={z.tolist()}, a={a.tolist()})") from None
+
+
+def _radius_exact(z, a, tol: float, time_limit: float) -> RadiusResult:
     if not (tol > 0):
         raise ValueError(f"tol must be positive, got {tol}")
+    if not (time_limit > 0):
+        raise ValueError(f"time_limit must be positive, got {time_limit}")
     z, a = _as_vectors(z, a)
+    deadline = time.monotonic() + time_limit
     lb = radius_lower_bound(z, a, "root")
     if math.isinf(lb):
-        return RadiusResult(math.inf, complex(math.nan, math.nan), lb)
-    lo = lb
-    hi = lb * 1.25
+        return RadiusResult(math.inf, complex(math.nan, math.nan), lb, (math.inf, math.inf),
+                            method="all slopes equal: F = e^{z + a t} sum e^{z_k - z} never vanishes")
+    Z, A, E = _groups_mp(z, a)
+    if A.size == 2:
+        with mpmath.workdps(60):
+            Zm = [mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(float(v))) for v in z[a == g]))
+                  for g in A]
+            delta = Zm[0] - Zm[1]
+            Delta = mpmath.mpf(float(A[0])) - mpmath.mpf(float(A[1]))
+            zero = mpmath.mpc(-delta / Delta, mpmath.pi / abs(Delta))
+            r = abs(zero)
+            radius = float(r)
+            if math.isinf(radius):
+                raise RadiusNotVerified(f"radius_exact: radius {mpmath.nstr(r, 5)} beyond float64")
+            bracket = (_down(radius, 1), float(np.nextafter(radius, math.inf)))
+        return RadiusResult(radius, complex(zero), lb, bracket,
+                            method="merged equal slopes; binary closed form at 60 digits")
+    lo, hi = lb, lb * 2.0
+    s_best = 0.0
     for _ in range(200):
-        k = _winding(z, a, hi)
-        if k is None or k >= 1:  # unresolved means a zero lies near the circle: polish there
+        res = _count(Z, A, E, hi, deadline)
+        if res is None:
+            hi = hi * (1 + 1e-3)
+            continue
+        if res[0] >= 1:
+            s_best = res[1]
             break
-        lo, hi = hi, hi * 1.5
+        lo, hi = hi, hi * 2.0
     else:
-        raise ValueError("radius_exact: no zero found (slopes too close to equal?)")
-    while hi - lo > 1e-5 * hi:
-        mid = 0.5 * (lo + hi)
-        k = _winding(z, a, mid)
-        if k is None:
+        raise RadiusNotVerified("radius_exact: no zero bracketed")
+    found = None
+    while hi - lo > tol * hi:
+        if found is None and hi - lo <= 1e-3 * hi:
+            # shortcut: polish a zero, then verify |t| = r (1 -+ tol) by two counts
+            t0 = hi * complex(math.cos(2 * math.pi * s_best), math.sin(2 * math.pi * s_best))
+            found = _newton(z, a, t0, deadline) or False
+            if found and lo <= abs(found[0]) <= hi:
+                r = abs(found[0])
+                inner = _count(Z, A, E, r * (1 - 0.45 * tol), deadline)
+                outer = _count(Z, A, E, r * (1 + 0.45 * tol), deadline)
+                if inner is not None and inner[0] == 0:
+                    lo = max(lo, r * (1 - 0.45 * tol))
+                if outer is not None and outer[0] >= 1 and r * (1 + 0.45 * tol) < hi:
+                    hi, s_best = r * (1 + 0.45 * tol), outer[1]
+                continue
+        mid = lo + 0.5 * (hi - lo)
+        res = None
+        for cand in (mid, lo + 0.3 * (hi - lo), lo + 0.7 * (hi - lo)):  # dodge a zero on the circle
+            res = _count(Z, A, E, cand, deadline)
+            if res is not None:
+                break
+        if res is None:
             break
-        if k >= 1:
-            hi = mid
+        if res[0] >= 1:
+            hi, s_best = cand, res[1]
         else:
-            lo = mid
-    # candidate starting points: local minima of |F| on the circle |t| = hi
-    n_pts = 4096
-    theta = np.arange(n_pts) * (2 * np.pi / n_pts)
-    t = hi * np.exp(1j * theta)
-    w = z[None, :] + a[None, :] * t[:, None]
-    mx = np.max(w.real, axis=1)
-    logmod = np.log(np.abs(np.sum(np.exp(w - mx[:, None]), axis=1)) + 1e-300) + mx
-    is_min = (logmod <= np.roll(logmod, 1)) & (logmod <= np.roll(logmod, -1))
-    cands = np.flatnonzero(is_min)
-    cands = cands[np.argsort(logmod[cands])][:6]
-    best = None
-    for idx in cands:
-        root = _polish(z, a, complex(t[idx]))
-        if root is None or abs(root) > hi * (1 + 1e-6) + tol:
-            continue  # converged to a farther zero than the bracket allows
-        if best is None or abs(root) < abs(best):
-            best = root
-    if best is None:  # fall back to the nearest zero any candidate reached
-        roots = [r for r in (_polish(z, a, complex(t[i])) for i in cands) if r is not None]
-        best = min(roots, key=abs) if roots else None
-    if best is None:
-        raise ValueError("radius_exact: mpmath findroot did not converge")
-    best = complex(best.real, abs(best.imag))
+            lo = cand
+    if hi - lo > max(tol, 1e-7) * hi:
+        raise RadiusNotVerified(f"radius_exact: bracket [{lo!r}, {hi!r}] not resolved to tol")
+    if not (found and lo <= abs(found[0]) <= hi):
+        t0 = hi * complex(math.cos(2 * math.pi * s_best), math.sin(2 * math.pi * s_best))
+        found = _newton(z, a, t0, deadline)
+    if found is None or not (lo * (1 - 1e-12) <= abs(found[0]) <= hi * (1 + 1e-12)):
+        raise RadiusNotVerified(f"radius_exact: Newton found no zero in the verified bracket "
+                                f"[{lo!r}, {hi!r}]")
+    best = complex(found[0].real, abs(found[0].imag))
     with mpmath.workdps(40):
         radius = float(abs(mpmath.mpc(best)))
-    return RadiusResult(radius=radius, zero=best, lower_bound=lb)
+    return RadiusResult(radius=radius, zero=best, lower_bound=lb, bracket=(lo, hi))
 
 
 # ---------------------------------------------------------------- batched torch versions
@@ -337,7 +565,12 @@ def radius_lower_bound_batch(z, a, method: str = "pi"):
         raise ValueError("a must be finite (no NaN/inf)")
     n = z.shape[1]
     spread = a.max(dim=1).values - a.min(dim=1).values
-    w = torch.where(spread > 0, math.pi / spread, torch.full_like(spread, math.inf))
+    big = torch.full_like(spread, _MAX)
+
+    def finite(x):  # a real-arithmetic finite quantity that overflowed is still >= the largest float
+        return torch.where(torch.isinf(x), big, x)
+
+    w = torch.where(spread > 0, finite(math.pi / spread), torch.full_like(spread, math.inf))
     margin = 1.0 - 64 * n * U64
     def down(x):  # relative margin, one ulp towards 0, inf kept
         return torch.where(torch.isinf(x), x, torch.nextafter(x * margin, torch.zeros_like(x)))
@@ -361,7 +594,7 @@ def radius_lower_bound_batch(z, a, method: str = "pi"):
     zero = torch.zeros_like(spread)
     l0 = logodds(zero) - err(zero)
     pos = (l0 > 0) & (spread > 0)
-    ucl = torch.where(pos, l0 / torch.where(s > 0, s, torch.ones_like(s)), zero) * margin
+    ucl = finite(torch.where(pos, l0 / torch.where(s > 0, s, torch.ones_like(s)), zero)) * margin
     u = ucl
     if method == "root":
         dist = torch.full_like(ucl, math.inf)
@@ -381,7 +614,7 @@ def radius_lower_bound_batch(z, a, method: str = "pi"):
                 hi = torch.where(good, hi, mid)
             dist = torch.minimum(dist, lo)  # l > 0 certified on [0, lo] on this side
         u = torch.where(pos & torch.isfinite(dist), torch.maximum(dist, ucl), ucl)
-    r = torch.sqrt(u * u + w * w)
+    r = finite(torch.hypot(u, w))  # hypot: u * u overflows from u ~ 1e154
     return down(torch.where(torch.isfinite(w), r, w))
 
 
@@ -398,6 +631,7 @@ def pi_radius_batch(a):
     if not torch.isfinite(spread).all():
         raise ValueError("a must be finite (no NaN/inf)")
     w = torch.where(spread > 0, math.pi / spread, torch.full_like(spread, math.inf))
+    w = torch.where(torch.isinf(w) & (spread > 0), torch.full_like(w, _MAX), w)  # subnormal spread
     margin = 1.0 - 64 * a.shape[1] * U64
     return torch.where(torch.isinf(w), w, torch.nextafter(w * margin, torch.zeros_like(w)))
 

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import sympy as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis import feedback as fb
 
@@ -105,3 +108,83 @@ def test_bad_input():
         fb.stability_threshold(np.eye(2), beta=-1)
     with pytest.raises(ValueError, match="W"):
         fb.stability_threshold(np.array([[np.nan]]))
+
+
+# ---------------------------------------------------------------- extreme scales (issue 10)
+
+
+def _fixed_point_residual(W, beta, x):
+    """|softmax(beta W x) - x|_inf evaluated in mpmath at 60 digits (the oracle)."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        n = len(x)
+        y = [mpmath.mpf(beta) * mpmath.fsum(mpmath.mpf(W[i][j]) * mpmath.mpf(x[j]) for j in range(n))
+             for i in range(n)]
+        m = max(y)
+        e = [mpmath.exp(v - m) for v in y]
+        s = mpmath.fsum(e)
+        return float(max(abs(e[i] / s - mpmath.mpf(x[i])) for i in range(n)))
+
+
+def test_frobenius_path_does_not_underflow_reported_case():
+    # W = 1e-170 I(25), beta = 1e171: beta W = 10 I has the uniform fixed point and one near
+    # a vertex, so no certificate of uniqueness may be given (main claimed contraction 2.5e-153).
+    n = 25
+    W = 1e-170 * np.eye(n)
+    cert = fb.stability_threshold(W, beta=1e171)
+    assert not cert.unique_fixed_point and cert.contraction > 1
+    # the two fixed points, checked in mpmath: x0 solves x0 = e^{10 x0}/(e^{10 x0} + 24 e^{10 y})
+    import mpmath
+
+    with mpmath.workdps(60):
+        f = lambda x0: x0 - mpmath.exp(10 * x0) / (mpmath.exp(10 * x0) + 24 * mpmath.exp(10 * (1 - x0) / 24))
+        x0 = mpmath.findroot(f, 0.99)
+    assert abs(float(x0) - 0.998899) < 1e-5
+    other = np.full(n, (1 - float(x0)) / (n - 1))
+    other[0] = float(x0)
+    assert _fixed_point_residual(W, 1e171, other) < 1e-12
+    assert _fixed_point_residual(W, 1e171, np.full(n, 1 / n)) < 1e-15
+
+
+def _mp_norm2_lower(A):
+    """A lower bound on ||A||_2 at 50 digits: ||A v|| / ||v|| for numpy's top right singular
+    vector, with A scaled by a power of two (exact) so that nothing under- or overflows."""
+    import mpmath
+
+    M = float(np.max(np.abs(A)))
+    if M == 0:
+        return mpmath.mpf(0)
+    e = math.frexp(M)[1]
+    B = np.ldexp(A, -e)
+    v = np.linalg.svd(B)[2][0]
+    with mpmath.workdps(50):
+        Bv = [mpmath.fsum(mpmath.mpf(float(B[i, j])) * mpmath.mpf(float(v[j])) for j in range(len(v)))
+              for i in range(B.shape[0])]
+        ratio = mpmath.sqrt(mpmath.fsum(x * x for x in Bv) / mpmath.fsum(mpmath.mpf(float(x)) ** 2 for x in v))
+        return mpmath.ldexp(ratio, e)
+
+
+@settings(max_examples=40)
+@given(st.sampled_from([2, 3, 5, 25, 26]), st.integers(-300, 300), st.integers(0, 2**32 - 1),
+       st.floats(1e-3, 1e3))
+def test_norm_bounds_enclose_mpmath_over_scales(n, log10_scale, seed, beta):
+    import mpmath
+
+    W = np.random.default_rng(seed).standard_normal((n, n)) * 10.0 ** log10_scale
+    beta = beta * 10.0 ** (-log10_scale)
+    cert = fb.stability_threshold(W, beta=beta)
+    Wp = fb.projected([[Fraction(float(v)) for v in row] for row in W])
+    Wp_float = np.array([[float(v) for v in row] for row in Wp])
+    with mpmath.workdps(50):
+        # float(Wp) is within half an ulp per entry: ||E||_2 <= n max|E| <= n 2^-53 ||Wp||_2
+        sig_p = _mp_norm2_lower(Wp_float) * (1 - mpmath.mpf(n) * 2 ** -52)
+        sig_w = _mp_norm2_lower(W)
+        assert 0 < sig_p <= cert.proj_norm.value
+        assert 0 < sig_w <= cert.full_norm.value
+        # (beta/2)||PWP||_2 <= contraction (rounded up); beta* ||PWP|| <= 2 (rounded down)
+        assert mpmath.mpf(beta) * sig_p / 2 <= cert.contraction
+        assert mpmath.mpf(cert.beta_star) * sig_p <= 2
+        assert mpmath.mpf(cert.beta_classical) * sig_w <= 1
+    if n > fb.EXACT_MAX_N:
+        assert cert.proj_norm.method.startswith("Frobenius")
