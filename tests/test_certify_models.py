@@ -6,7 +6,7 @@ from torch import nn
 from certify import zoo
 from certify.data import digits, mnist_local
 from certify.graph import build_graph
-from certify import operators as ops
+from certify import ops
 from certify.models import ViT, check_supported
 
 
