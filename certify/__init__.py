@@ -1,7 +1,7 @@
 """Certification of attention models (CROWN-style, with Vertex-Softmax inside)."""
 from certify.api import AttentionScores, CertResult, attention_scores, verify
 from certify.attack import AttackResult, attack
-from certify.evaluate import Evaluation, Record, SoundnessError, certified_accuracy, evaluate, robust_accuracy
+from certify.evaluation import Evaluation, Record, SoundnessError, certified_accuracy, evaluate, robust_accuracy
 from certify.methods import METHODS, Method
 from certify.models import ViT, check_supported
 from certify.ops import OPERATORS, Operator

@@ -75,7 +75,9 @@ def _layer_norm(g, x, ln, name):
     shape = g.nodes[x].shape
     c = g.add("center", [x], shape, f"{name}.center")
     sq = g.add("square", [c], shape, f"{name}.square")
-    var = g.add("mean_last", [sq], shape[:-1] + (1,), f"{name}.var", add=float(ln.eps), n=shape[-1])
+    # mean of squares + eps >= eps > 0: keeps rsqrt defined when the squares overflow
+    var = g.add("mean_last", [sq], shape[:-1] + (1,), f"{name}.var", value_range=(float(ln.eps), None),
+                add=float(ln.eps), n=shape[-1])
     rs = g.add("rsqrt", [var], shape[:-1] + (1,), f"{name}.rsqrt")
     nrm = g.add("mul", [c, rs], shape, f"{name}.normed")
     return g.add("linear", [nrm], shape, name, W=torch.diag(_f64(ln.weight)), b=_f64(ln.bias))
@@ -92,7 +94,8 @@ def _attention(g, x, att, name):
     s = g.add("scale", [s0], (h, n, n), f"{name}.scores", factor=1.0 / math.sqrt(dh))
     y = g.add("softmax_shift", [s], (h, n, n), f"{name}.shifted")
     e = g.add("exp", [y], (h, n, n), f"{name}.exp")
-    z = g.add("sum_last", [e], (h, n, 1), f"{name}.sum", n=n)
+    # y_j* = 0, so Σ exp(y) = 1 + (terms >= 0) >= 1: keeps 1/Σ defined when exp overflows
+    z = g.add("sum_last", [e], (h, n, 1), f"{name}.sum", value_range=(1.0, None), n=n)
     r = g.add("reciprocal", [z], (h, n, 1), f"{name}.recip")
     p = g.add("mul", [e, r], (h, n, n), f"{name}.probs", value_range=(0.0, 1.0))
     o = g.add("matmul", [p, v], (h, n, dh), f"{name}.pv")

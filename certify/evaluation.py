@@ -14,7 +14,7 @@ import torch
 
 from certify.api import verify
 from certify.attack import attack
-from certify.methods import get_method
+from certify.methods import METHODS
 from certify.models import check_supported
 from certify.spec import DOMAIN, check_batch_size, check_domain, check_eps, check_images, check_labels
 
@@ -87,7 +87,10 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
     callable progress(done, total, what), called after each attack and each method run."""
     check_supported(model)
     eps_list = tuple(check_eps(e) for e in eps_list)
-    methods = tuple(get_method(m).name for m in methods)
+    methods = tuple(methods)
+    for m in methods:
+        if not isinstance(m, str) or m not in METHODS:
+            raise ValueError(f"methods: expected names from {', '.join(METHODS)}, got {m!r}")
     if not eps_list:
         raise ValueError("eps_list: expected at least one radius")
     if not methods:
