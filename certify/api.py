@@ -14,7 +14,15 @@ from certify import ops
 from certify.graph import build_graph
 from certify.methods import get_method
 from certify.models import check_supported
-from certify.spec import DOMAIN, check_batch_size, check_domain, check_images, check_problem, input_box, margin_spec
+from certify.spec import (
+    DOMAIN,
+    check_batch_size,
+    check_domain,
+    check_images,
+    check_problem,
+    input_box,
+    margin_spec,
+)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,14 @@ from certify.api import verify
 from certify.attack import attack
 from certify.methods import METHODS
 from certify.models import check_supported
-from certify.spec import DOMAIN, check_batch_size, check_domain, check_eps, check_images, check_labels
+from certify.spec import (
+    DOMAIN,
+    check_batch_size,
+    check_domain,
+    check_eps,
+    check_images,
+    check_labels,
+)
 
 TOLERANCE = 1e-9  # PGD margins are float64 forward passes; bounds are widened by more than this
 

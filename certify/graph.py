@@ -20,7 +20,6 @@ from certify import ops
 from certify.models import ViT, check_supported
 
 
-
 @dataclass
 class Node:
     """One operator application. ``value_range`` (lo, hi): a fact about this node's value

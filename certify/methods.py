@@ -12,9 +12,9 @@ The command line and the report list methods from here.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable
 
 import torch
 

@@ -4,8 +4,20 @@ Importing this package registers every family: ``affine``, ``elementwise``, ``bi
 """
 from certify.ops import affine, bilinear, elementwise  # noqa: F401  (registration)
 from certify.ops.core import (
-    KINDS, OPERATORS, Affine, Bilinear, Elementwise, Input, Operator, adjoint, forward, get, names, register,
-    sum_rest)
+    KINDS,
+    OPERATORS,
+    Affine,
+    Bilinear,
+    Elementwise,
+    Input,
+    Operator,
+    adjoint,
+    forward,
+    get,
+    names,
+    register,
+    sum_rest,
+)
 
 __all__ = ["KINDS", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "adjoint",
            "forward", "get", "names", "register", "sum_rest"]

@@ -20,9 +20,10 @@ probability, so it lies in [0, 1]") are recorded on the graph node, not tested b
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 KINDS = ("input", "affine", "elementwise", "bilinear")
 
