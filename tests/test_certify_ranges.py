@@ -98,3 +98,54 @@ def test_large_scores_and_radii_never_raise_and_stay_sound(seed, scale, eps, lay
     r = certify.verify(m, x, y, eps, method=method)
     assert not torch.isnan(r.lower_margin).any()
     assert (_sampled_worst(m, x, y, eps) >= r.lower_margin - 1e-7 * (1 + r.lower_margin.abs())).all()
+
+
+def _enclosure_violations(m, x, eps, crown_on, n=200):
+    from certify import crown
+    from certify.graph import build_graph
+
+    m64 = copy.deepcopy(m).double()
+    g = build_graph(m64)
+    lo, hi = input_box(x.double(), eps)
+    state = crown.propagate(g, m64.patchify(lo), m64.patchify(hi), crown=crown_on, anchor=m64.patchify(x.double()))
+    t = torch.rand(n, *x.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    pts = (lo + (hi - lo) * t).reshape(-1, *x.shape[1:])
+    vals = [m64.patchify(pts)]
+    for i, node in enumerate(g.nodes[1:], 1):
+        const = state.consts.get(i)
+        if const is not None:
+            const = const.repeat(n, *[1] * (const.dim() - 1))
+        vals.append(ops.forward(node, [vals[j] for j in node.inputs], const))
+    bad = []
+    for i, v in enumerate(vals):
+        l, u = state.bounds[i]
+        v = v.reshape(n, *l.shape)
+        # float64 without outward rounding (crown.ARITHMETIC): centre ± radius loses about
+        # u·(|l| + |u|) to cancellation; the tolerance covers that, not a wrong interval
+        size = torch.nan_to_num(l.abs(), posinf=0.0) + torch.nan_to_num(u.abs(), posinf=0.0)
+        tol = 1e-9 * (1 + v.abs() + size)
+        ok = torch.isnan(v) | ((v >= l - tol) & (v <= u + tol))
+        if not ok.all():
+            bad.append(g.nodes[i].name)
+    return bad
+
+
+def test_ibp_encloses_activations_when_exp_overflows():
+    # before: the exp-sum's interval became NaN -> -inf, 1/x of it gave [0, -0] and the
+    # attention probabilities the interval [0, 0]
+    m, x, y = _sharp(1, 1e3, False, 2)
+    assert _enclosure_violations(m, x, 0.5, crown_on=False) == []
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([1.0, 30.0, 1e3, 1e6]),
+       eps=st.sampled_from([0.01, 0.1, 0.5]), layer_norm=st.booleans(), crown_on=st.booleans())
+def test_every_node_bound_encloses_activations_in_the_overflow_regime(seed, scale, eps, layer_norm, crown_on):
+    m, x, _ = _sharp(seed, scale, layer_norm, 2)
+    assert _enclosure_violations(m, x, eps, crown_on) == []
+
+
+def test_elementwise_interval_outside_the_domain_is_unbounded():
+    for name in ("reciprocal", "rsqrt"):
+        lo, hi = ops.get(name).interval(None, [(torch.tensor([-1.0, 0.0, 0.5]), torch.tensor([2.0, 1.0, 1.0]))])
+        assert torch.isinf(lo[:2]).all() and torch.isinf(hi[:2]).all() and torch.isfinite(lo[2])

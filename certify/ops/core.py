@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
 
+import torch
+
 KINDS = ("input", "affine", "elementwise", "bilinear")
 
 
@@ -101,8 +103,8 @@ class Elementwise(Operator):
     """y = f(x) elementwise, with its relaxation as data.
 
     ``fn``: f on tensors; ``image(l, u)``: the exact image interval; ``planes(l, u, alpha)``:
-    (lw, lb, uw, ub) with lw·x + lb <= f(x) <= uw·x + ub on [l, u]; ``domain``: the
-    interval where f is defined (planes raise ValueError outside it); ``convex``: f is
+    (lw, lb, uw, ub) with lw·x + lb <= f(x) <= uw·x + ub on [l, u]; ``domain`` (lo, hi):
+    f is defined for lo < x (planes raise ValueError, intervals are unbounded, outside it); ``convex``: f is
     convex on ``domain``; ``slope_init(l, u)``: when not None, ``alpha`` in [0, 1]
     parametrises a family of sound lower planes (alpha-CROWN optimises it) and this is
     its starting value."""
@@ -120,7 +122,13 @@ class Elementwise(Operator):
         return self.fn(xs[0])
 
     def interval(self, node, ins, const=None):
-        return self.image(*ins[0])
+        l, u = ins[0]
+        lo, hi = self.image(l, u)
+        if self.domain[0] is not None:
+            # an interval reaching outside the domain (e.g. 1/x over [-1, 2]): no information
+            out = l <= self.domain[0]
+            lo, hi = torch.where(out, -torch.inf, lo), torch.where(out, torch.inf, hi)
+        return lo, hi
 
     def backward(self, node, A, ins, shapes, const=None, alpha=None):
         l, u = ins[0]
