@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,7 +36,7 @@ class CertResult:
     eps: float
     seconds: float
     note: str = ""
-    assumptions: str = ""
+    assumptions: str = field(default="", repr=False)
     domain: tuple = DOMAIN
 
     @property
