@@ -72,7 +72,7 @@ def verify(model, x, label, eps, method="crown", batch_size=8, *, domain=DOMAIN)
         try:
             lo = meth.lower(m64, g, zl, zu, z0, C)
         except meth.soft_failures as exc:
-            note = f"{meth.name} failed: {type(exc).__name__}: {exc}"[:200]
+            note = f"{meth.failure_note}: {type(exc).__name__}: {exc}"[:200]
             lo = torch.full(C.shape[:2], -torch.inf, dtype=torch.float64)
         lo = lo.detach().to(torch.float64)
         lo[torch.arange(len(lb)), lb] = 0.0

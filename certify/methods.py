@@ -30,7 +30,8 @@ class Method:
     """``lower(model64, graph, zl, zu, z0, C)`` -> (B, S) lower bounds of C·logits over the
     patch box [zl, zu] (z0: the patches of the input itself). ``batch_size``: the largest
     batch the method is run on (None: the caller's). ``soft_failures``: exception types
-    that mean "no bound" (the certificate becomes -inf with a note) instead of an error."""
+    that mean "no bound" (the certificate becomes -inf with a note starting with
+    ``failure_note``) instead of an error."""
 
     name: str
     description: str
@@ -38,6 +39,7 @@ class Method:
     lower: Callable
     batch_size: int | None = None
     soft_failures: tuple = ()
+    failure_note: str = "failed"
 
 
 def _ibp(model, g, zl, zu, z0, C):
@@ -89,11 +91,12 @@ METHODS = MappingProxyType({m.name: m for m in (
     Method("vertex", "CROWN with exact Vertex-Softmax intervals for softmax probabilities and attention "
            "outputs, and the P·V terms solved by Vertex-Softmax", _OURS, _vertex),
     # auto_LiRPA 0.3 needed > 20 GB for 4 images of the 2-block model: one image at a time
-    Method("lirpa-ibp", "auto_LiRPA 0.3 IBP (baseline)", LIRPA_ASSUMPTIONS, _lirpa("IBP"), 1, _LIRPA_FAILS),
+    Method("lirpa-ibp", "auto_LiRPA 0.3 IBP (baseline)", LIRPA_ASSUMPTIONS, _lirpa("IBP"), 1, _LIRPA_FAILS,
+           "auto_LiRPA failed"),
     Method("lirpa-crown", "auto_LiRPA 0.3 CROWN (baseline)", LIRPA_ASSUMPTIONS, _lirpa("CROWN"), 1,
-           _LIRPA_FAILS),
+           _LIRPA_FAILS, "auto_LiRPA failed"),
     Method("lirpa-alpha-crown", "auto_LiRPA 0.3 alpha-CROWN, 20 Adam steps at lr 0.1 (baseline)",
-           LIRPA_ASSUMPTIONS, _lirpa("alpha-CROWN"), 1, _LIRPA_FAILS),
+           LIRPA_ASSUMPTIONS, _lirpa("alpha-CROWN"), 1, _LIRPA_FAILS, "auto_LiRPA failed"),
 )})
 
 
