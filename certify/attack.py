@@ -1,7 +1,7 @@
 """PGD on the margin (Madry et al. 2018) with random restarts: the falsification side.
 
 Each step moves x by eps/4 · sign(∇) of the worst margin loss -min_{j≠y}(z_y - z_j),
-projected onto the clipped L∞ ball. Any point found with a margin < 0 is a counterexample
+projected onto the L∞ ball clipped to the input domain. Any point found with a margin < 0 is a counterexample
 (VNN-COMP "sat"); a sample is "unsat" only when a sound method certified it.
 """
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from certify.spec import check_problem, input_box
+from certify.models import check_supported
+from certify.spec import DOMAIN, check_domain, check_problem, input_box
 
 
 def margins(model, x, label):
@@ -20,9 +21,9 @@ def margins(model, x, label):
     return z.gather(1, label[:, None]) - z
 
 
-def pgd(model, x, label, eps, steps=40, restarts=2, step=None, seed=0):
+def pgd(model, x, label, eps, steps=40, restarts=2, step=None, seed=0, domain=DOMAIN):
     """Worst (smallest) margins found by PGD: returns (x_adv (B,...), margins (B, K))."""
-    lo, hi = input_box(x, eps)
+    lo, hi = input_box(x, eps, domain)
     step = eps / 4 if step is None else step
     gen = torch.Generator().manual_seed(seed)
     dtype = next(model.parameters()).dtype
@@ -56,19 +57,23 @@ class AttackResult:
     x_adv: torch.Tensor
     eps: float
     method: str = "pgd"
-    assumptions: str = field(default="PGD margin attack in the L∞ ball clipped to [0,1]", repr=False)
+    domain: tuple = DOMAIN
+    assumptions: str = field(default="PGD margin attack in the L∞ ball clipped to the input domain", repr=False)
 
     @property
     def falsified(self):
         return torch.tensor([s == "sat" for s in self.status])
 
 
-def attack(model, x, label, eps, steps=40, restarts=2, certified=None, seed=0) -> AttackResult:
-    """PGD with restarts. With ``certified`` (bool (B,)), certified samples are 'unsat'; a
-    sample both certified and falsified would be a soundness bug and raises RuntimeError."""
-    x, label = check_problem(model, x, label, eps)
+def attack(model, x, label, eps, steps=40, restarts=2, certified=None, seed=0, *, domain=DOMAIN) -> AttackResult:
+    """PGD with restarts in the L∞ ball clipped to ``domain`` (x must lie in it). With
+    ``certified`` (bool (B,)), certified samples are 'unsat'; a sample both certified and
+    falsified would be a soundness bug and raises RuntimeError."""
+    check_supported(model)
+    domain = check_domain(domain)
+    x, label, eps = check_problem(model, x, label, eps, domain)
     model64 = copy.deepcopy(model).double().eval()  # margins in float64, like the bounds
-    xa, m = pgd(model64, x, label, eps, steps, restarts, seed=seed)
+    xa, m = pgd(model64, x, label, eps, steps, restarts, seed=seed, domain=domain)
     other = torch.ones_like(m, dtype=torch.bool)
     other[torch.arange(len(label)), label] = False
     mm = torch.where(other, m, torch.inf).min(1).values
@@ -78,4 +83,4 @@ def attack(model, x, label, eps, steps=40, restarts=2, certified=None, seed=0) -
         if c and v < 0:
             raise RuntimeError("soundness violation: a certified sample was falsified")
         status.append("unsat" if c else ("sat" if v < 0 else "unknown"))
-    return AttackResult(tuple(status), mm, xa, float(eps))
+    return AttackResult(tuple(status), mm, xa, eps, domain=domain)

@@ -1,7 +1,7 @@
 """Linear bound propagation over a ``Graph``: IBP, CROWN and alpha-CROWN.
 
-The algorithm is generic; what each primitive contributes comes from the registries
-``operators.adjoint`` (affine maps), ``relaxations.UNARY`` and ``relaxations.PRODUCT``.
+The algorithm is generic; what each node contributes (its interval, its backward step, its
+traits) comes from its registered operator (``certify.ops``).
 CROWN (Zhang et al. 2018, Shi et al. 2020 for attention): for a target node t and
 coefficients A, A·x_t >= bias + A_in·x_in is built backward through the nodes, each
 nonlinear node replaced by the plane on the safe side of the sign of its coefficient, then
@@ -9,19 +9,18 @@ concretised over the input box. Intermediate bounds are computed node by node in
 topological order (CROWN for every input of a nonlinear node, intersected with IBP), then
 the final specification. Upper bounds are lower bounds of -A (specs are batched [I; -I]).
 
-Arithmetic: float64 without directed rounding; every concretised bound is widened by a
-relative 1e-9 (``SLACK``), far above the accumulated float64 error of these small sums but
-not a proof of it. Vertex-Softmax terms (``bounds.vertex_softmax``) are rounded outward.
+Arithmetic: see ``ARITHMETIC`` (carried as data by the method registry, ``certify.methods``).
 """
 from __future__ import annotations
 
 import torch
 
 from bounds import vertex_softmax
-from certify import operators as ops
-from certify.graph import LINEAR_OPS, PRODUCT_OPS, UNARY_OPS
-from certify.relaxations import INTERVAL, PRODUCT, PRODUCT_INTERVAL, UNARY
+from certify import ops
 
+ARITHMETIC = ("float64 without directed rounding; every concretised bound is widened by a "
+              "relative 1e-9 (SLACK), far above the accumulated float64 error of these small sums "
+              "but not a proof of it. Vertex-Softmax terms (bounds.vertex_softmax) are rounded outward.")
 SLACK = 1e-9
 ELEMENT_BUDGET = 2**23  # elements of one coefficient tensor: bounds the spec chunk size
 
@@ -42,42 +41,9 @@ class BoundState:
 
 
 # ---------------------------------------------------------------- interval propagation
-def _affine_radius(node, r):
-    op, p = node.op, node.params
-    if op == "linear":
-        return r @ p["W"].abs().T
-    if op == "scale":
-        return r * abs(p["factor"])
-    if op == "center":
-        # x_i - mean(x): |coefficients| sum to r_i (1 - 2/n) + mean(r)
-        return r * (1 - 2 / r.shape[-1]) + r.mean(-1, keepdim=True)
-    if op == "bias":
-        return r
-    if op == "prepend":
-        return torch.cat([torch.zeros_like(r[:, :1]), r], dim=1)
-    if op == "mean_last":
-        return r.mean(-1, keepdim=True)
-    return ops.forward(node, [r])
-
-
 def ibp_node(state, i):
     node = state.g.nodes[i]
-    ins = [state.bounds[j] for j in node.inputs]
-    if node.op in UNARY_OPS:
-        return INTERVAL[node.op](*ins[0])
-    if node.op in PRODUCT_OPS:
-        return PRODUCT_INTERVAL[node.op](ins[0], ins[1])
-    if node.op == "add":
-        return ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]
-    (l, u), = ins
-    if node.op == "softmax_shift":
-        idx = state.consts[i]
-        lo, hi = l - u.gather(-1, idx), u - l.gather(-1, idx)
-        zero = torch.zeros_like(idx, dtype=l.dtype)
-        return lo.scatter(-1, idx, zero), hi.scatter(-1, idx, zero)
-    mid = ops.forward(node, [(l + u) / 2], state.consts.get(i))
-    rad = _affine_radius(node, (u - l) / 2)
-    return mid - rad, mid + rad
+    return node.operator.interval(node, [state.bounds[j] for j in node.inputs], state.consts.get(i))
 
 
 # ---------------------------------------------------------------- backward propagation
@@ -93,25 +59,17 @@ def backward(state, target, A, *, alphas=None, vertex_pv=()):
         if i not in coef:
             continue
         Ai, node = coef.pop(i), g.nodes[i]
-        if node.op == "input":
-            xl, xu = state.bounds[0]
+        op = node.operator
+        if op.kind == "input":
+            xl, xu = state.bounds[i]
             lo = bias + ops.sum_rest(Ai.clamp(min=0) * xl.unsqueeze(1) + Ai.clamp(max=0) * xu.unsqueeze(1))
             return _widen_lower(lo)
-        if node.op in UNARY_OPS:
-            l, u = state.bounds[node.inputs[0]]
-            alpha = None if alphas is None else alphas.get(i)
-            lw, lb, uw, ub = UNARY[node.op](l.unsqueeze(1), u.unsqueeze(1), alpha)
-            ap, an = Ai.clamp(min=0), Ai.clamp(max=0)
-            new, b = [ap * lw + an * uw], ops.sum_rest(ap * lb + an * ub)
-        elif node.op in PRODUCT_OPS:
-            if i in vertex_pv:
-                bias = bias + vertex_pv_term(state, i, Ai)
-                continue
-            x, y = node.inputs
-            new, b = PRODUCT[node.op](Ai, state.bounds[x], state.bounds[y],
-                                      g.nodes[x].shape, g.nodes[y].shape)
-        else:
-            new, b = ops.adjoint(node, Ai, state.consts.get(i))
+        if i in vertex_pv:
+            bias = bias + vertex_pv_term(state, i, Ai)
+            continue
+        alpha = None if alphas is None else alphas.get(i)
+        new, b = op.backward(node, Ai, [state.bounds[j] for j in node.inputs],
+                             [g.nodes[j].shape for j in node.inputs], state.consts.get(i), alpha)
         bias = bias + b
         for j, a in zip(node.inputs, new):
             coef[j] = coef[j] + a if j in coef else a
@@ -148,7 +106,7 @@ def crown_node(state, i):
     return lo[:, :m].reshape(-1, *shape), -lo[:, m:].reshape(-1, *shape)
 
 
-MONOTONE = {"exp", "reciprocal", "rsqrt", "relu"}
+NONLINEAR = ("elementwise", "bilinear")
 
 
 def _needs_bounds(graph):
@@ -156,18 +114,23 @@ def _needs_bounds(graph):
     maps: there the image of the input's bounds (IBP) is exact and CROWN cannot beat it."""
     need = set()
     for n in graph.nodes:
-        if n.op in UNARY_OPS or n.op in PRODUCT_OPS:
-            need.update(j for j in n.inputs if graph.nodes[j].op not in MONOTONE)
+        if n.operator.kind in NONLINEAR:
+            need.update(j for j in n.inputs if not graph.nodes[j].operator.monotone)
     return need
+
+
+def _clip(l, u, value_range):
+    lo, hi = value_range
+    if lo is None and hi is None:
+        return l, u
+    return l.clamp(min=lo, max=hi), u.clamp(min=lo, max=hi)
 
 
 def _domain(node, l, u):
     # NaN only arises from overflowed interval arithmetic (inf - inf, 0·inf): no information
     l, u = torch.nan_to_num(l, nan=-torch.inf), torch.nan_to_num(u, nan=torch.inf)
-    if node.op in ("exp", "relu", "square"):
-        l = l.clamp(min=0)
-    if node.name.endswith(".probs"):
-        l, u = l.clamp(0, 1), u.clamp(0, 1)
+    l, u = _clip(l, u, node.operator.value_range)
+    l, u = _clip(l, u, node.value_range)
     return l, torch.maximum(l, u)
 
 
@@ -184,10 +147,11 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None):
         centre.append(ops.forward(node, [centre[j] for j in node.inputs]))
     for i in range(1, len(graph.nodes)):
         node = graph.nodes[i]
-        if node.op == "softmax_shift":
-            # subtract the score of the key that wins at the box centre: differences of
-            # scores get tight CROWN bounds, and y_j* = 0 keeps the exp-sum >= 1
-            state.consts[i] = centre[node.inputs[0]].argmax(-1, keepdim=True)
+        if node.operator.anchor is not None:
+            # e.g. the softmax shift subtracts the score of the key that wins at the box
+            # centre: differences of scores get tight CROWN bounds, and y_j* = 0 keeps the
+            # exp-sum >= 1
+            state.consts[i] = node.operator.anchor(*[centre[j] for j in node.inputs])
         l, u = ibp_node(state, i)
         if i in need:
             cl, cu = crown_node(state, i)
@@ -222,14 +186,15 @@ def ibp_lower(state, C):
 def alpha_crown(state, C, iterations=20, lr=0.1):
     """CROWN with the ReLU lower slopes of the final specification optimised by Adam
     (Xu et al. 2021); every slope in [0, 1] gives a sound bound, the best per row is kept."""
-    relus = [i for i, n in enumerate(state.g.nodes) if n.op == "relu"]
+    nodes = state.g.nodes
+    free = [i for i, n in enumerate(nodes) if getattr(n.operator, "slope_init", None) is not None]
     best = backward(state, state.g.output, C)
-    if not relus:
+    if not free:
         return best
     alphas = {}
-    for i in relus:
-        l, u = state.bounds[state.g.nodes[i].inputs[0]]
-        init = (u > -l).to(l.dtype).unsqueeze(1).expand(-1, C.shape[1], *l.shape[1:])
+    for i in free:
+        l, u = state.bounds[nodes[i].inputs[0]]
+        init = nodes[i].operator.slope_init(l, u).unsqueeze(1).expand(-1, C.shape[1], *l.shape[1:])
         alphas[i] = init.clone().requires_grad_(True)
     opt = torch.optim.Adam(list(alphas.values()), lr=lr)
     for _ in range(iterations):

@@ -1,9 +1,9 @@
-"""The model as a list of primitive operations, built module by module (no graph parsing).
+"""The model as a list of registered operators (``certify.ops``), built module by module.
 
-Each ``ViT`` submodule is lowered to a few primitive nodes in topological order:
-linear/affine maps (Linear, positional and class-token constants, head split/merge,
-transpose, scaling, sums, means, pooling), unary nonlinearities (relu, exp, reciprocal,
-square, rsqrt) and two-input products (elementwise ``mul``, ``matmul``). Softmax is
+Each ``ViT`` submodule is lowered to a few nodes in topological order: affine maps (Linear,
+positional and class-token constants, head split/merge, transpose, scaling, sums, means,
+pooling), elementwise nonlinearities (relu, exp, reciprocal, square, rsqrt) and bilinear
+products (elementwise ``mul``, ``matmul``); every node names a registered operator. Softmax is
 exp(y) · 1/Σexp(y) with y_j = s_j - s_j* for a per-row key j* (the argmax at the
 box centre; softmax is shift invariant, so any j* is exact, and y_j* = 0 keeps Σexp(y) >= 1); LayerNorm is centring, square, mean,
 rsqrt and a product. Shapes exclude the batch dimension.
@@ -16,22 +16,26 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from certify import ops
 from certify.models import ViT, check_supported
-
-LINEAR_OPS = {"input", "linear", "add", "bias", "prepend", "split_heads", "merge_heads",
-              "transpose", "scale", "softmax_shift", "sum_last", "mean_last", "center",
-              "mean_tokens", "select_token"}
-UNARY_OPS = {"relu", "exp", "reciprocal", "square", "rsqrt"}
-PRODUCT_OPS = {"mul", "matmul"}
 
 
 @dataclass
 class Node:
+    """One operator application. ``value_range`` (lo, hi): a fact about this node's value
+    known from the structure of the graph (e.g. a softmax probability lies in [0, 1]);
+    bounds are clipped to it, as to the operator's own ``value_range``."""
+
     op: str
     inputs: tuple
     shape: tuple
     params: dict = field(default_factory=dict)
     name: str = ""
+    value_range: tuple = (None, None)
+
+    @property
+    def operator(self) -> ops.Operator:
+        return ops.get(self.op)
 
 
 class Graph:
@@ -41,8 +45,12 @@ class Graph:
         self.nodes: list[Node] = []
         self.attention: list[dict] = []  # per block: ids of scores, probabilities, values, P·V
 
-    def add(self, op, inputs, shape, name="", **params):
-        self.nodes.append(Node(op, tuple(inputs), tuple(shape), params, name))
+    def add(self, op, inputs, shape, name="", value_range=(None, None), **params):
+        """Append a node applying the registered operator ``op``; returns its id."""
+        arity = ops.get(op).arity
+        if len(inputs) != arity or any(not 0 <= j < len(self.nodes) for j in inputs):
+            raise ValueError(f"inputs: operator {op!r} at {name!r} takes {arity} earlier node(s), got {tuple(inputs)}")
+        self.nodes.append(Node(op, tuple(inputs), tuple(shape), params, name, tuple(value_range)))
         return len(self.nodes) - 1
 
     @property
@@ -66,7 +74,9 @@ def _layer_norm(g, x, ln, name):
     shape = g.nodes[x].shape
     c = g.add("center", [x], shape, f"{name}.center")
     sq = g.add("square", [c], shape, f"{name}.square")
-    var = g.add("mean_last", [sq], shape[:-1] + (1,), f"{name}.var", add=float(ln.eps), n=shape[-1])
+    # mean of squares + eps >= eps > 0: keeps rsqrt defined when the squares overflow
+    var = g.add("mean_last", [sq], shape[:-1] + (1,), f"{name}.var", value_range=(float(ln.eps), None),
+                add=float(ln.eps), n=shape[-1])
     rs = g.add("rsqrt", [var], shape[:-1] + (1,), f"{name}.rsqrt")
     nrm = g.add("mul", [c, rs], shape, f"{name}.normed")
     return g.add("linear", [nrm], shape, name, W=torch.diag(_f64(ln.weight)), b=_f64(ln.bias))
@@ -83,9 +93,10 @@ def _attention(g, x, att, name):
     s = g.add("scale", [s0], (h, n, n), f"{name}.scores", factor=1.0 / math.sqrt(dh))
     y = g.add("softmax_shift", [s], (h, n, n), f"{name}.shifted")
     e = g.add("exp", [y], (h, n, n), f"{name}.exp")
-    z = g.add("sum_last", [e], (h, n, 1), f"{name}.sum", n=n)
+    # y_j* = 0, so Σ exp(y) = 1 + (terms >= 0) >= 1: keeps 1/Σ defined when exp overflows
+    z = g.add("sum_last", [e], (h, n, 1), f"{name}.sum", value_range=(1.0, None), n=n)
     r = g.add("reciprocal", [z], (h, n, 1), f"{name}.recip")
-    p = g.add("mul", [e, r], (h, n, n), f"{name}.probs")
+    p = g.add("mul", [e, r], (h, n, n), f"{name}.probs", value_range=(0.0, 1.0))
     o = g.add("matmul", [p, v], (h, n, dh), f"{name}.pv")
     g.attention.append(dict(scores=s, shifted=y, probs=p, values=v, pv=o))
     m = g.add("merge_heads", [o], (n, d), f"{name}.merged", heads=h)

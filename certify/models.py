@@ -96,16 +96,21 @@ class ViT(nn.Module):
         return self.forward_patches(self.patchify(x))
 
 
+SUPPORTED = ("patch Linear embedding, positional embedding, optional class token, blocks of "
+             "certify.models.Attention and a Linear-ReLU-Linear MLP with residual connections, optional affine "
+             "LayerNorm, mean or class-token pooling, Linear head")
 _ALLOWED = (ViT, Block, Attention, nn.Linear, nn.ReLU, nn.LayerNorm, nn.Identity, nn.ModuleList)
 
 
 def check_supported(model: nn.Module) -> ViT:
     """Return ``model`` if every submodule is in the supported family, else raise ValueError."""
     if not isinstance(model, ViT):
-        raise ValueError(f"model: unsupported layer {type(model).__name__} (expected certify.ViT)")
+        raise ValueError(f"model: {type(model).__name__} is not supported: certify verifies certify.ViT "
+                         f"models only ({SUPPORTED}); arbitrary nn.Module graphs are not supported yet")
     for name, mod in model.named_modules():
         if not isinstance(mod, _ALLOWED):
-            raise ValueError(f"model: unsupported layer {name!r} ({type(mod).__name__})")
+            raise ValueError(f"model: unsupported layer {name!r} ({type(mod).__name__}); supported layers: "
+                             f"{', '.join(t.__name__ for t in _ALLOWED)}")
         if isinstance(mod, nn.LayerNorm) and not mod.elementwise_affine:
             raise ValueError(f"model: unsupported layer {name!r} (LayerNorm without affine)")
     return model

@@ -1,45 +1,118 @@
-"""The verification problem: an L∞ ball around an input, clipped to the pixel domain [0, 1],
-and the margin specification logit_y - logit_j >= 0 for every j (row j of C is e_y - e_j).
-Validation lives here so every method rejects bad input in the same words."""
+"""The verification problem: an L∞ ball around an input, clipped to the input domain (default
+[0, 1]), and the margin specification logit_y - logit_j >= 0 for every j (row j of C is
+e_y - e_j). Validation lives here so every method rejects bad input in the same words: each
+error names the argument and what it accepts.
+"""
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import torch
 
 DOMAIN = (0.0, 1.0)
 
 
-def check_problem(model, x, label, eps):
-    """Validate (x, label, eps) against ``model``; return float64 x (B, C, H, W), label (B,)."""
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+def _real_scalar(value, name):
+    """float(value) for a Python, numpy or 0-d tensor real scalar; ValueError otherwise."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if value.ndim != 0 or value.dtype in (torch.bool, np.bool_) or torch.as_tensor(value).is_complex():
+            raise ValueError(f"{name}: expected a real scalar (Python, numpy or 0-d tensor), "
+                             f"got a {type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}")
+        return float(value.item())
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}: expected a real scalar (Python, numpy or 0-d tensor), got {type(value).__name__}")
+    return float(value)
+
+
+def check_eps(eps) -> float:
+    """The ball radius as a float: finite and >= 0."""
+    value = _real_scalar(eps, "eps")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"eps: must be finite and >= 0, got {value!r}")
+    return value
+
+
+def check_domain(domain) -> tuple:
+    """(lo, hi): finite reals with lo < hi."""
+    try:
+        lo, hi = domain
+    except (TypeError, ValueError):
+        raise ValueError(f"domain: expected a pair (lo, hi), got {domain!r}") from None
+    lo, hi = _real_scalar(lo, "domain"), _real_scalar(hi, "domain")
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"domain: expected finite lo < hi, got ({lo!r}, {hi!r})")
+    return lo, hi
+
+
+def check_batch_size(batch_size) -> int:
+    if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
+    return int(batch_size)
+
+
+def check_images(model, x, domain=None):
+    """float64 images (B, *model.image); a single image gets a batch axis. With ``domain``,
+    every value must lie in [lo, hi]."""
     x = torch.as_tensor(x)
     if not torch.is_floating_point(x):
         raise ValueError(f"x: expected a floating tensor, got dtype {x.dtype}")
-    if x.dim() == len(model.image):
+    shape = tuple(x.shape)  # as passed, for the error messages
+    image = tuple(model.image)
+    if x.dim() == len(image):
         x = x.unsqueeze(0)
-    if x.dim() != len(model.image) + 1 or tuple(x.shape[1:]) != tuple(model.image):
-        raise ValueError(f"x: expected shape (B, {', '.join(map(str, model.image))}), got {tuple(x.shape)}")
+    if x.dim() != len(image) + 1 or tuple(x.shape[1:]) != image:
+        raise ValueError(f"x: expected shape (B, {', '.join(map(str, image))}) or "
+                         f"({', '.join(map(str, image))}), got {shape}")
     if x.shape[0] == 0:
         raise ValueError("x: empty batch")
     if torch.isnan(x).any() or torch.isinf(x).any():
         raise ValueError("x: contains NaN or inf")
-    label = torch.as_tensor(label, dtype=torch.int64).reshape(-1)
-    if label.numel() == 1 and x.shape[0] > 1:
-        label = label.expand(x.shape[0])
-    if label.shape[0] != x.shape[0]:
-        raise ValueError(f"label: expected {x.shape[0]} labels, got {label.shape[0]}")
-    classes = model.head.out_features
-    if (label < 0).any() or (label >= classes).any():
+    if domain is not None:
+        lo, hi = check_domain(domain)
+        if (x < lo).any() or (x > hi).any():
+            raise ValueError(f"x: values must lie in the input domain [{lo}, {hi}], got values in "
+                             f"[{x.min().item():.6g}, {x.max().item():.6g}] (rescale the images, e.g. "
+                             f"pixels / 255, or pass domain=)")
+    return x.to(torch.float64)
+
+
+def check_labels(label, batch, classes):
+    """int64 labels (batch,): integers (integral floats accepted) in [0, classes); one label
+    is broadcast to the batch."""
+    try:
+        t = torch.as_tensor(label)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"label: expected integers, got {type(label).__name__}") from None
+    if t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"label: expected integers, got dtype {t.dtype}")
+    if t.is_floating_point():
+        bad = ~torch.isfinite(t) | (t != torch.round(t))
+        if bad.any():
+            raise ValueError(f"label: expected integers, got non-integral values {t[bad].tolist()[:5]}")
+    t = t.to(torch.int64).reshape(-1)
+    if t.numel() == 1 and batch > 1:
+        t = t.expand(batch)
+    if t.shape[0] != batch:
+        raise ValueError(f"label: expected {batch} labels, got {t.shape[0]}")
+    if (t < 0).any() or (t >= classes).any():
         raise ValueError(f"label: values must lie in [0, {classes})")
-    return x.to(torch.float64), label
+    return t
 
 
-def input_box(x, eps):
-    """[max(x - eps, 0), min(x + eps, 1)]: the L∞ ball intersected with the pixel domain."""
-    lo = torch.clamp(x - eps, min=DOMAIN[0])
-    hi = torch.clamp(x + eps, max=DOMAIN[1])
+def check_problem(model, x, label, eps, domain=DOMAIN):
+    """Validate (x, label, eps, domain) against ``model``; return float64 x (B, C, H, W),
+    int64 label (B,) and eps as a float."""
+    eps = check_eps(eps)
+    x = check_images(model, x, domain)
+    return x, check_labels(label, x.shape[0], model.head.out_features), eps
+
+
+def input_box(x, eps, domain=DOMAIN):
+    """[max(x - eps, lo), min(x + eps, hi)]: the L∞ ball intersected with the input domain."""
+    lo = torch.clamp(x - eps, min=domain[0])
+    hi = torch.clamp(x + eps, max=domain[1])
     return torch.minimum(lo, x), torch.maximum(hi, x)
 
 

@@ -3,10 +3,9 @@ import pytest
 import torch
 from torch import nn
 
-from certify import zoo
+from certify import ops, zoo
 from certify.data import digits, mnist_local
 from certify.graph import build_graph
-from certify import operators as ops
 from certify.models import ViT, check_supported
 
 

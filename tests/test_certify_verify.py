@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import certify
-from certify import crown
-from certify import operators as ops
+from certify import crown, ops
 from certify.graph import build_graph
 from certify.models import ViT
 from certify.spec import input_box

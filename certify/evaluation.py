@@ -1,0 +1,154 @@
+"""One attack -> verify -> soundness-check loop over radii and methods.
+
+For each eps: PGD (``certify.attack``) on the correctly classified images, then every method
+(``certify.verify``) on the same images, then the cross-check: a certified image that PGD
+breaks, or a PGD margin below a certified lower bound, is a soundness bug and raises
+``SoundnessError``. Misclassified images count as neither robust nor certified (they are
+their own counterexample at eps = 0). Records are per (image, eps, method).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from certify.api import verify
+from certify.attack import attack
+from certify.methods import METHODS
+from certify.models import check_supported
+from certify.spec import (
+    DOMAIN,
+    check_batch_size,
+    check_domain,
+    check_eps,
+    check_images,
+    check_labels,
+)
+
+TOLERANCE = 1e-9  # PGD margins are float64 forward passes; bounds are widened by more than this
+
+
+class SoundnessError(RuntimeError):
+    """A certificate contradicted by an attack: a bug, never a result."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One image at one radius under one method. ``lower_margin``: certified lower bound of
+    min_{j≠y} z_y - z_j (None: not verified, the image is misclassified); ``pgd_margin``: the
+    smallest margin PGD found (None likewise); ``robust``: PGD found no counterexample;
+    ``seconds``: the method's wall time on the batch divided evenly over its images."""
+
+    index: int
+    eps: float
+    method: str
+    label: int
+    correct: bool
+    robust: bool
+    certified: bool
+    lower_margin: float | None
+    pgd_margin: float | None
+    seconds: float
+    note: str = ""
+
+
+def certified_accuracy(records, eps, method) -> tuple:
+    """(k, n): certified images and images among the records of (eps, method)."""
+    rs = [r for r in records if r.eps == eps and r.method == method]
+    return sum(r.certified for r in rs), len(rs)
+
+
+def robust_accuracy(records, eps) -> tuple:
+    """(k, n): images PGD did not break at eps (counted once per image)."""
+    seen = {r.index: r.robust for r in records if r.eps == eps}
+    return sum(seen.values()), len(seen)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Frozen per-image records plus the settings that produced them."""
+
+    records: tuple
+    n: int
+    eps: tuple
+    methods: tuple
+    attack_steps: int
+    restarts: int
+    domain: tuple
+
+    def certified_accuracy(self, eps, method) -> tuple:
+        return certified_accuracy(self.records, eps, method)
+
+    def robust_accuracy(self, eps) -> tuple:
+        return robust_accuracy(self.records, eps)
+
+    def clean_accuracy(self) -> tuple:
+        seen = {r.index: r.correct for r in self.records}
+        return sum(seen.values()), len(seen)
+
+
+def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, batch_size=8,
+             domain=DOMAIN, progress=None) -> Evaluation:
+    """Attack, verify and cross-check ``model`` on images ``x`` with labels ``y`` for every
+    eps in ``eps_list`` and every method name in ``methods``. ``progress``: optional
+    callable progress(done, total, what), called after each attack and each method run."""
+    check_supported(model)
+    eps_list = tuple(check_eps(e) for e in eps_list)
+    methods = tuple(methods)
+    for m in methods:
+        if not isinstance(m, str) or m not in METHODS:
+            raise ValueError(f"methods: expected names from {', '.join(METHODS)}, got {m!r}")
+    if not eps_list:
+        raise ValueError("eps_list: expected at least one radius")
+    if not methods:
+        raise ValueError("methods: expected at least one method")
+    for name, v in (("attack_steps", attack_steps), ("restarts", restarts)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress: expected a callable or None, got {type(progress).__name__}")
+    batch_size = check_batch_size(batch_size)
+    domain = check_domain(domain)
+    x = check_images(model, x, domain)
+    y = check_labels(y, x.shape[0], model.head.out_features)
+    dtype = next(model.parameters()).dtype
+    with torch.no_grad():
+        correct = model(x.to(dtype)).argmax(1) == y
+    idx = torch.nonzero(correct).flatten().tolist()
+    xc, yc = x[correct], y[correct]
+    total, done = len(eps_list) * (1 + len(methods)), 0
+    records = []
+    for eps in eps_list:
+        att = attack(model, xc, yc, eps, steps=attack_steps, restarts=restarts, domain=domain) if idx else None
+        done += 1
+        if progress is not None:
+            progress(done, total, f"eps={eps} PGD")
+        for meth in methods:
+            res = verify(model, xc, yc, eps, method=meth, batch_size=batch_size, domain=domain) if idx else None
+            if res is not None:
+                _check_sound(att, res, meth, eps)
+            per = res.seconds / len(idx) if idx else 0.0
+            at = dict(zip(idx, range(len(idx))))
+            for i in range(x.shape[0]):
+                k = at.get(i)
+                if k is None:
+                    records.append(Record(i, eps, meth, int(y[i]), False, False, False, None, None, 0.0))
+                    continue
+                records.append(Record(i, eps, meth, int(y[i]), True, att.status[k] != "sat",
+                                      bool(res.certified[k]), float(res.worst_margin[k]),
+                                      float(att.min_margin[k]), per, res.note))
+            done += 1
+            if progress is not None:
+                progress(done, total, f"eps={eps} {meth}")
+    return Evaluation(tuple(records), x.shape[0], eps_list, methods, attack_steps, restarts, domain)
+
+
+def _check_sound(att, res, meth, eps):
+    broken = res.certified & (att.min_margin < 0)
+    if broken.any():
+        raise SoundnessError(f"soundness violation: {meth} certified images {broken.nonzero().flatten().tolist()} "
+                             f"at eps={eps} that PGD falsified")
+    below = att.min_margin < res.worst_margin - TOLERANCE
+    if below.any():
+        gap = float((res.worst_margin - att.min_margin)[below].max())
+        raise SoundnessError(f"soundness violation: a PGD margin lies {gap:.3g} below the {meth} bound at eps={eps}")

@@ -1,0 +1,23 @@
+"""Verifier operators: one registered object per operator (see ``certify.ops.core``).
+
+Importing this package registers every family: ``affine``, ``elementwise``, ``bilinear``.
+"""
+from certify.ops import affine, bilinear, elementwise  # noqa: F401  (registration)
+from certify.ops.core import (
+    KINDS,
+    OPERATORS,
+    Affine,
+    Bilinear,
+    Elementwise,
+    Input,
+    Operator,
+    adjoint,
+    forward,
+    get,
+    names,
+    register,
+    sum_rest,
+)
+
+__all__ = ["KINDS", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "adjoint",
+           "forward", "get", "names", "register", "sum_rest"]

@@ -1,0 +1,129 @@
+"""Edges a user hit (issue 10): scalar types of eps, integer labels, batch_size, the input
+domain, the shape reported in errors, unsupported models. Each error names its argument."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import certify
+from certify.models import ViT
+from certify.spec import input_box
+
+
+def _model():
+    torch.manual_seed(3)
+    m = ViT(image=(1, 8, 8), patch=4, dim=8, heads=2, mlp=8, classes=3).eval()
+    x = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        y = m(x).argmax(1)
+    return m, x, y
+
+
+M, X, Y = _model()
+
+
+@pytest.mark.parametrize("eps", [np.float32(0.01), np.float64(0.01), torch.tensor(0.01), torch.tensor(0.01, dtype=torch.float64),
+                                 np.array(0.01), 0, np.int64(0)])
+def test_eps_accepts_real_scalars(eps):
+    r = certify.verify(M, X, Y, eps, method="ibp")
+    assert isinstance(r.eps, float) and r.eps == float(eps)
+    a = certify.attack(M, X, Y, eps, steps=2, restarts=1)
+    assert a.eps == float(eps)
+
+
+@pytest.mark.parametrize("eps", ["0.01", torch.tensor([0.01]), np.array([0.01, 0.02]), True, 1j, None])
+def test_eps_rejects_non_scalars_without_contradiction(eps):
+    with pytest.raises(ValueError, match="eps: expected a real scalar") as e:
+        certify.verify(M, X, Y, eps, method="ibp")
+    assert "got np." not in str(e.value)
+
+
+@pytest.mark.parametrize("eps", [np.float32(-0.01), torch.tensor(float("nan")), float("inf")])
+def test_eps_value_errors_say_what_is_wrong(eps):
+    with pytest.raises(ValueError, match="eps: must be finite and >= 0"):
+        certify.verify(M, X, Y, eps, method="ibp")
+
+
+@pytest.mark.parametrize("label", [[1.7, 2.2], torch.tensor([0.5, 1.0]), np.array([float("nan"), 1.0]),
+                                   torch.tensor([True, False]), ["a", "b"]])
+def test_non_integral_labels_rejected(label):
+    for call in (lambda: certify.verify(M, X, label, 0.01, method="ibp"),
+                 lambda: certify.attack(M, X, label, 0.01, steps=2),
+                 lambda: certify.evaluate(M, X, label, [0.01], ["ibp"], attack_steps=2, restarts=1)):
+        with pytest.raises(ValueError, match="label"):
+            call()
+
+
+def test_integral_labels_of_any_dtype_agree():
+    want = certify.verify(M, X, Y, 0.01, method="ibp").lower_margin
+    for lab in (Y.tolist(), Y.double(), Y.numpy().astype(np.int32), Y.numpy().astype(np.float32)):
+        got = certify.verify(M, X, lab, 0.01, method="ibp").lower_margin
+        torch.testing.assert_close(got, want, rtol=0, atol=0)  # same computation on the same labels
+
+
+@pytest.mark.parametrize("bs", [0, -1, 1.5, True, "2"])
+def test_batch_size_validated(bs):
+    with pytest.raises(ValueError, match="batch_size"):
+        certify.verify(M, X, Y, 0.01, method="ibp", batch_size=bs)
+
+
+def test_images_outside_the_domain_named():
+    big = X * 255
+    for call in (lambda: certify.verify(M, big, Y, 0.01, method="ibp"),
+                 lambda: certify.attack(M, big, Y, 0.01, steps=2),
+                 lambda: certify.evaluate(M, big, Y, [0.01], ["ibp"], attack_steps=2, restarts=1)):
+        with pytest.raises(ValueError, match=r"x: values must lie in the input domain \[0.0, 1.0\]"):
+            call()
+    # a declared domain is accepted and the ball is clipped to it
+    r = certify.verify(M, big, Y, 1.0, method="ibp", domain=(0, 255))
+    assert r.domain == (0.0, 255.0) and r.lower_margin.shape == (2, 3)
+    lo, hi = input_box(big.double(), 3.0, (0.0, 255.0))
+    assert lo.min() >= 0 and hi.max() <= 255 and (lo <= big).all() and (big <= hi).all()
+    with pytest.raises(ValueError, match="domain"):
+        certify.verify(M, X, Y, 0.01, method="ibp", domain=(1.0, 0.0))
+
+
+def test_domain_clips_the_ball_for_attack_and_verify():
+    # on the domain (0, 0.5) with x = 0.5 everywhere, the ball is x - eps .. x: PGD stays inside
+    x = torch.full((1, 1, 8, 8), 0.5)
+    with torch.no_grad():
+        y = M(x).argmax(1)
+    a = certify.attack(M, x, y, 0.2, steps=3, restarts=2, domain=(0.0, 0.5))
+    assert a.x_adv.max() <= 0.5 and a.x_adv.min() >= 0.3 - 1e-12
+
+
+def test_shape_error_reports_the_shape_passed():
+    with pytest.raises(ValueError, match=r"got \(2, 8, 8\)$"):
+        certify.verify(M, torch.rand(2, 8, 8), Y, 0.01)
+    with pytest.raises(ValueError, match=r"got \(2, 8, 8\)$"):
+        certify.attention_scores(M, torch.rand(2, 8, 8))
+    r = certify.verify(M, X[0], Y[:1], 0.01, method="ibp")  # one image without a batch axis is fine
+    assert r.lower_margin.shape == (1, 3)
+
+
+class _MHAClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        t = x.reshape(x.shape[0], 8, 8)
+        return self.head(self.attn(t, t, t)[0].mean(1))
+
+
+@pytest.mark.parametrize("model", [_MHAClassifier(), nn.Sequential(nn.Flatten(), nn.Linear(64, 3))])
+def test_unsupported_model_says_what_is_supported(model):
+    name = type(model).__name__
+    for call in (lambda: certify.verify(model, X, Y, 0.01), lambda: certify.attack(model, X, Y, 0.01),
+                 lambda: certify.attention_scores(model, X)):
+        with pytest.raises(ValueError, match=rf"model: {name} is not supported: certify verifies certify.ViT") as e:
+            call()
+        assert "not supported yet" in str(e.value) and "layer" not in str(e.value).split(":")[1]
+
+
+def test_unsupported_layer_lists_the_supported_ones():
+    m = ViT(image=(1, 8, 8), patch=4, dim=8, heads=2, mlp=8, classes=3)
+    m.blocks[0].relu = nn.GELU()
+    with pytest.raises(ValueError, match=r"'blocks.0.relu' \(GELU\); supported layers: .*ReLU"):
+        certify.verify(m, X, Y, 0.01)
