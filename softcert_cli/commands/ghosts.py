@@ -415,7 +415,7 @@ def run(args) -> int:
     todo = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     progress = not args.no_progress
     for name in todo:
-        t0 = time.perf_counter()
+        clock = common.Stopwatch()
         if name == "sweep":
             stages = sorted(int(s) for s in args.stages.split(","))
             res = run_sweep(archs, stages, args.random_dirs, args.fail_ratio, progress=progress)
@@ -426,6 +426,6 @@ def run(args) -> int:
             res = run_temperature(archs, TEMPERATURES, 200, args.fail_ratio, progress=progress)
         else:
             res = run_bench(archs, args.bench_steps, progress=progress)
-        write_report(name, res, out, command, time.perf_counter() - t0)
-        print(f"{name}: wrote {out / name}.{{json,md,png}} in {time.perf_counter() - t0:.0f} s")
+        write_report(name, res, out, command, clock.seconds)
+        print(f"{name}: wrote {out / name}.{{json,md,png}} in {clock.seconds:.0f} s")
     return 0
