@@ -75,3 +75,19 @@ def test_bench_rejects_bad_repeats(capsys):
 def test_bad_options_name_the_option(argv, word, tmp_path, capsys):
     assert softcert_cli.main(argv + ["--out", str(tmp_path)]) == 2
     assert word in capsys.readouterr().err
+
+
+def test_train_writes_a_checkpoint_zoo_can_read(tmp_path, monkeypatch, capsys):
+    """`softcert train` end to end on a one-epoch variant of the digits recipe."""
+    import torch
+
+    from certify import ViT, train
+
+    dataset, cfg, recipe = train.RECIPES["digits-vit1"]
+    monkeypatch.setitem(train.RECIPES, "digits-vit1", (dataset, cfg, dict(recipe, epochs=1)))
+    assert softcert_cli.main(["train", "digits-vit1", "--out", str(tmp_path)]) == 0
+    assert "digits-vit1: test accuracy" in capsys.readouterr().out
+    ckpt = torch.load(tmp_path / "digits-vit1.pt", weights_only=True)
+    assert ckpt["dataset"] == "digits" and ckpt["config"]["image"] == [1, 8, 8]
+    model = ViT(**dict(ckpt["config"], image=tuple(ckpt["config"]["image"])))
+    model.load_state_dict(ckpt["state_dict"])  # the layout zoo.load expects
