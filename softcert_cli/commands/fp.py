@@ -236,7 +236,7 @@ def _fmt(v, nd=1):
 
 
 def _write_md(out, res, ns, dtypes):
-    L = [f"# FP softmax error bounds\n", f"Regenerate: `{res['command']}` "
+    L = ["# FP softmax error bounds\n", f"Regenerate: `{res['command']}` "
          f"({res['seconds']:.0f} s; single-threaded except the row kernel).\n",
          "Bound: |p̂_i - p_i| <= rel·p_i + abs_floor for every finite input of length n "
          "(analysis.fp.error_bound, no score_range; abs_floor ≈ 0.37u covers the exp-argument "

@@ -40,7 +40,7 @@ def _md_table(view, eps_list):
     e0 = ERR_EPS if ERR_EPS in eps_list else eps_list[0]
     head = ["layer", "mean n"] + [f"k/n ε={e}" for e in eps_list] + [
         f"mean k ε={e0}", f"mean n/k ε={e0}", f"Gauss k/n ε={e0}", "σ",
-        f"gap bound @k", "4-gap bound @k", "‖err‖ exact", "diam. bound", "var. bound",
+        "gap bound @k", "4-gap bound @k", "‖err‖ exact", "diam. bound", "var. bound",
         "‖attn out‖"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = view["per_layer"] + [dict(view["overall"], layer="all")]
