@@ -415,7 +415,7 @@ def error_bound(
     if K_u * u >= 1 or K_e * ue >= 1:
         rel = math.inf
         return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
-                          math.inf, math.inf, score_range, u, k, K_u, K_e, _ASSUME)
+                          math.inf, math.inf, score_range, u, k, K_u, K_e, ASSUMPTIONS)
     P_hi = math.exp(K_u * math.log1p(u) + K_e * math.log1p(ue))
     P_lo = math.exp(K_u * math.log1p(-u) + K_e * math.log1p(-ue))
     eta_e = k * q  # absolute error of one exp in the subnormal range
@@ -426,7 +426,7 @@ def error_bound(
     S_lo = math.exp(-u * L) * P_lo - eta_S
     if S_lo <= 0:
         return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
-                          math.inf, math.inf, score_range, u, k, K_u, K_e, _ASSUME)
+                          math.inf, math.inf, score_range, u, k, K_u, K_e, ASSUMPTIONS)
     # Step 3: the output.
     # B - 1 in log form: every summand of log B_hi is >= 0 and every one of log B_lo is <= 0,
     # so expm1 of the sum is accurate to a few float64 ulp *relative to rel* (forming B and
@@ -447,13 +447,13 @@ def error_bound(
     else:
         abs_floor += B_hi * g_max
     return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,
-                      _up(rel), _up(abs_floor), score_range, u, k, K_u, K_e, _ASSUME,
+                      _up(rel), _up(abs_floor), score_range, u, k, K_u, K_e, ASSUMPTIONS,
                       _up(B_hi), _up(under))
 
 
-_ASSUME = ("standard model with gradual underflow (round-to-nearest, no flush-to-zero); "
-           "exp accurate to exp_ulps ulp (measured, see measure_exp_ulps); input rounded to "
-           "dtype first; any summation order within a tile/pass")
+ASSUMPTIONS = ("standard model with gradual underflow (round-to-nearest, no flush-to-zero); "
+               "exp accurate to exp_ulps ulp (measured, see measure_exp_ulps); input rounded to "
+               "dtype first; any summation order within a tile/pass")
 
 
 # ----------------------------------------------------------------------------- oracles

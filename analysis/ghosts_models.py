@@ -1,17 +1,17 @@
-"""sklearn digits and the six small architectures of the ghosts-of-softmax experiments.
+"""The six small architectures of the ghosts-of-softmax experiments (8x8 digit images).
 
 Linear, MLP (64-128-10), CNN, MLP+LayerNorm, CNN+BatchNorm and a small Transformer (d=32,
 2 layers, 4 heads, the 8 image rows as tokens). Sizes follow the published list
 (seeds/abstracts.md); the exact published layer shapes were not available, so the CNNs and
-the Transformer here are our own small choices. Data: ``sklearn.datasets.load_digits``
-(ships with scikit-learn, 1797 images of 8x8), pixels scaled to [0, 1].
+the Transformer here are our own small choices. Inputs: flattened 8x8 images (N, 64) in
+[0, 1], as certify.data.digits gives them after ``reshape(-1, 64)``.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-__all__ = ["ARCHITECTURES", "make_model", "load_digits_split"]
+__all__ = ["ARCHITECTURES", "make_model"]
 
 
 class TinyTransformer(nn.Module):
@@ -58,16 +58,3 @@ def make_model(name: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return ARCHITECTURES[name]()
 
-
-def load_digits_split(seed: int = 0, test_fraction: float = 0.25):
-    """(x_train, y_train, x_test, y_test): float32 (N, 64) in [0, 1], int64 labels."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(data.target, dtype=torch.int64)
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(y), generator=g)
-    n_test = int(round(test_fraction * len(y)))
-    te, tr = perm[:n_test], perm[n_test:]
-    return x[tr], y[tr], x[te], y[te]

@@ -29,7 +29,7 @@ from torch.func import functional_call
 
 from analysis.ghosts import pi_radius_batch, radius_lower_bound_batch
 
-__all__ = ["SafeStepState", "SafeStepController", "logit_slopes", "SafeStep"]
+__all__ = ["SafeStepState", "SafeStepController", "logit_slopes", "measurement_mode", "SafeStep"]
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class SafeStepController:
 
 
 @contextlib.contextmanager
-def _measurement_mode(model: nn.Module):
+def measurement_mode(model: nn.Module):
     """Dropout off, MultiheadAttention dropout 0, BatchNorm without running-stat updates (it
     still normalises by batch statistics in training mode), math SDPA backend, RNG restored."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -132,7 +132,7 @@ def logit_slopes(model: nn.Module, tangents: dict, args=(), kwargs=None, params=
     primal = {k: (params[k] if params is not None and k in params else v).detach() for k, v in named.items()}
     tang = {k: (tangents[k].detach() if k in tangents else torch.zeros_like(v)) for k, v in primal.items()}
     # forward-mode AD directly (torch.func.jvp computes the same, with more dispatch overhead)
-    with _measurement_mode(model), fwAD.dual_level():
+    with measurement_mode(model), fwAD.dual_level():
         duals = {k: fwAD.make_dual(primal[k], tang[k]) for k in primal}
         out = functional_call(model, duals, args, kwargs, strict=False)
         out = logits_fn(out) if logits_fn is not None else out

@@ -5,17 +5,14 @@ input tokens move in an L∞ ball of radius eps; score intervals follow by inter
 arithmetic through random Q/K projections; every relaxation bounds the same objective
 c·softmax(s) with c = V w (values projected on a random direction). The gap of a baseline
 is how much its bound is looser than Vertex-Softmax, the exact optimum over the box:
-gap = ((upper_b - upper_v) + (lower_v - lower_b)) / 2 >= 0.
+gap = ((upper_b - upper_v) + (lower_v - lower_b)) / 2 >= 0. The table and plot are
+``softcert tightness`` (softcert_cli/commands/tightness.py).
 """
 from __future__ import annotations
 
-import json
 import math
-import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 import bounds
@@ -67,13 +64,15 @@ def score_boxes(n: int, eps: float, trials: int, d: int = 16, d_k: int = 16, see
     return c, lo, hi
 
 
-def sweep(ns=NS, epsilons=EPSILONS, trials: int = 200, seed: int = 0, progress: bool = True):
-    """Run the sweep; one TightnessRow per (n, eps)."""
-    from tqdm import tqdm
+def sweep(ns=NS, epsilons=EPSILONS, trials: int = 200, seed: int = 0, progress=None):
+    """Run the sweep; one TightnessRow per (n, eps), in the order of ``ns`` x ``epsilons``.
 
+    ``progress``, if given, is called with 1 after each (n, eps) cell (e.g. a tqdm bar's
+    ``update``).
+    """
     grid = [(n, eps) for n in ns for eps in epsilons]
     rows = []
-    for k, (n, eps) in enumerate(tqdm(grid, desc="tightness", disable=not progress)):
+    for k, (n, eps) in enumerate(grid):
         c, lo, hi = score_boxes(n, eps, trials, seed=seed + k)
         exact = bounds.vertex_softmax(c, lo, hi)
         v_width = exact.upper - exact.lower
@@ -86,87 +85,6 @@ def sweep(ns=NS, epsilons=EPSILONS, trials: int = 200, seed: int = 0, progress: 
             bad[name] = int(((g_up < 0) | (g_lo < 0)).sum())
         rows.append(TightnessRow(n, eps, trials, float((hi - lo).mean()), float(v_width.mean()),
                                  gap, ratio, bad))
+        if progress is not None:
+            progress(1)
     return rows
-
-
-def to_markdown(rows, command: str) -> str:
-    names = list(rows[0].gap)
-    lines = [
-        "# Tightness: baselines vs Vertex-Softmax on synthetic attention score boxes",
-        "",
-        f"Regenerate with `{command}`.",
-        "",
-        "Mean gap = ((upper_b − upper_v) + (lower_v − lower_b)) / 2 over the trials, in units of",
-        "c·softmax(s); Vertex-Softmax is the exact optimum over the score box, so every gap is",
-        ">= 0 (the `violations` column counts trials where a baseline was tighter than exact:",
-        "it must be 0). Setup: `analysis/tightness.py::score_boxes`.",
-        "",
-        "| n | eps | mean score width | Vertex width | " + " | ".join(f"gap {m}" for m in names)
-        + " | " + " | ".join(f"width ratio {m}" for m in names) + " | violations |",
-        "|" + "---|" * (5 + 2 * len(names)),
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.n} | {r.eps} | {r.mean_score_width:.4f} | {r.vertex_width:.4g} | "
-            + " | ".join(f"{r.gap[m]:.4g}" for m in names) + " | "
-            + " | ".join(f"{r.width_ratio[m]:.3g}" for m in names) + " | "
-            + str(sum(r.violations.values())) + " |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    epsilons = sorted({r.eps for r in rows})
-    names = list(rows[0].gap)
-    fig, axes = plt.subplots(1, len(epsilons), figsize=(4 * len(epsilons), 3.4), sharey=True)
-    for ax, eps in zip(np.atleast_1d(axes), epsilons):
-        sel = [r for r in rows if r.eps == eps]
-        for m in names:
-            ax.plot([r.n for r in sel], [r.width_ratio[m] for r in sel], marker="o", label=m)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"eps = {eps}")
-        ax.set_xlabel("keys n")
-        ax.axhline(1.0, color="k", lw=0.8, ls=":")
-    np.atleast_1d(axes)[0].set_ylabel("bound width / Vertex-Softmax width")
-    np.atleast_1d(axes)[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, metadata={"Software": None})
-    plt.close(fig)
-
-
-def configure(parser) -> None:
-    parser.add_argument("--out", default="docs", help="output folder (default: docs)")
-    parser.add_argument("--trials", type=int, default=200, help="trials per (n, eps)")
-    parser.add_argument("--n", type=int, nargs="+", default=list(NS), help="numbers of keys")
-    parser.add_argument("--eps", type=float, nargs="+", default=list(EPSILONS), help="input radii")
-    parser.add_argument("--seed", type=int, default=0)
-
-
-def run(args) -> int:
-    if args.trials < 1:
-        raise ValueError("--trials: must be >= 1")
-    if any(e < 0 for e in args.eps):
-        raise ValueError("--eps: radii must be >= 0")
-    if any(n < 1 for n in args.n):
-        raise ValueError("--n: must be >= 1")
-    start = time.perf_counter()
-    rows = sweep(args.n, args.eps, args.trials, args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    command = "softcert tightness " + " ".join(
-        [f"--trials {args.trials}", "--n " + " ".join(map(str, args.n)),
-         "--eps " + " ".join(map(str, args.eps)), f"--seed {args.seed}", f"--out {args.out}"])
-    md = to_markdown(rows, command)
-    (out / "tightness.md").write_text(md)
-    (out / "tightness.json").write_text(json.dumps(
-        {"command": command, "rows": [asdict(r) for r in rows]}, indent=1))
-    plot(rows, out / "tightness.png")
-    print(md)
-    print(f"wrote {out / 'tightness.md'}, .json, .png in {time.perf_counter() - start:.1f} s")
-    return 0 if all(sum(r.violations.values()) == 0 for r in rows) else 1

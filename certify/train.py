@@ -1,11 +1,10 @@
 """Training recipes for the model zoo: standard and PGD-adversarial (Madry et al. 2018).
 
 Regenerate every committed checkpoint (about a few minutes on one CPU thread):
-    python -m certify.train --all
+    softcert train --all
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
@@ -42,7 +41,12 @@ def _pgd_batch(model, x, y, eps, steps=5):
     return xa.detach()
 
 
-def train(name: str, seed: int = 0, log=print) -> ViT:
+def train(name: str, seed: int = 0, log=None) -> ViT:
+    """Train zoo model ``name`` from its recipe (AdamW 3e-3, cosine schedule, batch 128; PGD
+    adversarial training at ``adv_eps`` with a linear warm-up); ``log``, if given, receives
+    one line with the test accuracy."""
+    if name not in RECIPES:
+        raise ValueError(f"name: unknown zoo model {name!r}; recipes: {', '.join(RECIPES)}")
     dataset, cfg, recipe = RECIPES[name]
     torch.manual_seed(seed)
     xtr, ytr, xte, yte = getattr(data, dataset)()
@@ -65,28 +69,18 @@ def train(name: str, seed: int = 0, log=print) -> ViT:
     model.eval()
     with torch.no_grad():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
-    log(f"{name}: test accuracy {acc:.3f}")
+    if log is not None:
+        log(f"{name}: test accuracy {acc:.3f}")
     return model
 
 
-def save(name: str, model: ViT, directory: Path = ZOO_DIR):
+def save(name: str, model: ViT, directory: Path = ZOO_DIR) -> Path:
+    """Write ``{config, dataset, state_dict}`` to ``directory/<name>.pt`` (what zoo.load reads)."""
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     cfg = dict(model.config)
     cfg["image"] = list(cfg["image"])
-    torch.save({"config": cfg, "dataset": RECIPES[name][0], "state_dict": state},
-               directory / f"{name}.pt")
+    path = directory / f"{name}.pt"
+    torch.save({"config": cfg, "dataset": RECIPES[name][0], "state_dict": state}, path)
+    return path
 
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("names", nargs="*", help=f"any of {', '.join(RECIPES)}")
-    ap.add_argument("--all", action="store_true")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    for name in (list(RECIPES) if args.all else args.names):
-        save(name, train(name))
-
-
-if __name__ == "__main__":
-    main()

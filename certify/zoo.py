@@ -1,4 +1,4 @@
-"""Small trained checkpoints committed under certify/zoo/ (regenerate: python -m certify.train --all)."""
+"""Small trained checkpoints committed under certify/zoo/ (regenerate: softcert train --all)."""
 from __future__ import annotations
 
 from certify import data

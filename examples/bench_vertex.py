@@ -2,7 +2,7 @@
 
     python examples/bench_vertex.py --out docs
 
-Same as `softcert bench`; see kernels/bench.py.
+Same as `softcert bench`; see softcert_cli/commands/bench.py.
 """
 import sys
 

@@ -18,13 +18,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a sourc
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from analysis.ghosts_models import load_digits_split, make_model  # noqa: E402
+from analysis.ghosts_models import make_model  # noqa: E402
 from analysis.safestep import SafeStep  # noqa: E402  (change 1 of 2)
+from certify.data import digits  # noqa: E402
 
 
 def train(safe: bool, spike: float, steps: int = 200, seed: int = 0) -> float:
     torch.manual_seed(seed)
-    x_tr, y_tr, x_te, y_te = load_digits_split(seed)
+    x_tr, y_tr, x_te, y_te = digits()
+    x_tr, x_te = x_tr.flatten(1), x_te.flatten(1)  # the models take (N, 64) rows
     model = make_model("MLP+LN", seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     if safe:

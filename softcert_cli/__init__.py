@@ -1,9 +1,10 @@
 """``softcert <subcommand>``: the command-line entry point.
 
-Each subcommand lives in the module that owns its computation; this file only maps names to
-modules, which expose ``configure(parser)`` and ``run(args) -> int``. Modules are imported
-lazily so that ``softcert --help`` stays fast and a missing optional dependency only affects
-its own subcommand.
+Each subcommand is one module of softcert_cli.commands (the report and the checker are
+softcert_cli.report and softcert_cli.check); this file only maps names to modules, which
+expose ``configure(parser)`` and ``run(args) -> int``. Modules are imported lazily so that
+``softcert --help`` stays fast and a missing optional dependency only affects its own
+subcommand.
 """
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ import sys
 
 #: subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "tightness": ("analysis.tightness", "Vertex-Softmax vs baseline bounds on synthetic score boxes"),
-    "bench": ("kernels.bench", "throughput of Vertex-Softmax against torch.sort"),
-    "vertex": ("bounds.cli", "bound c·softmax(s) over a score box given on the command line"),
-    "topk": ("analysis.topk_study", "certified top-k truncation on a real model's attention (MiniLM)"),
-    "topk-bench": ("kernels.bench_topk", "throughput of the top-k certificate kernels vs torch.sort"),
-    "ghosts": ("analysis.ghosts_experiments", "Taylor-radius experiments on sklearn digits: sweep, LR spike, temperature, SafeStep overhead"),
-    "fp": ("analysis.fp_report", "proven FP softmax error bounds vs worst measured errors, thresholds"),
-    "stability": ("analysis.stability_report", "softmax feedback stability thresholds and sharpness demos"),
-    "certify": ("certify.cli", "certified accuracy of zoo attention models (IBP/CROWN/Vertex/auto_LiRPA)"),
+    "tightness": ("softcert_cli.commands.tightness", "Vertex-Softmax vs baseline bounds on synthetic score boxes"),
+    "bench": ("softcert_cli.commands.bench", "throughput of Vertex-Softmax against torch.sort"),
+    "vertex": ("softcert_cli.commands.vertex", "bound c·softmax(s) over a score box given on the command line"),
+    "topk": ("softcert_cli.commands.topk", "certified top-k truncation on a real model's attention (MiniLM)"),
+    "topk-bench": ("softcert_cli.commands.topk_bench", "throughput of the top-k certificate kernels vs torch.sort"),
+    "ghosts": ("softcert_cli.commands.ghosts", "Taylor-radius experiments on sklearn digits: sweep, LR spike, temperature, SafeStep overhead"),
+    "fp": ("softcert_cli.commands.fp", "proven FP softmax error bounds vs worst measured errors, thresholds"),
+    "stability": ("softcert_cli.commands.stability", "softmax feedback stability thresholds and sharpness demos"),
+    "certify": ("softcert_cli.commands.certify", "certified accuracy of zoo attention models (IBP/CROWN/Vertex/auto_LiRPA)"),
+    "train": ("softcert_cli.commands.train", "retrain the model zoo checkpoints (certify/zoo/*.pt) from their recipes"),
     "report": ("softcert_cli.report", "one command from a model to a checked report folder (md, tex, figures, JSON)"),
     "check": ("softcert_cli.check", "re-check every certificate of a report's results.json independently"),
 }
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         module.configure(sub)
         args = sub.parse_args(argv[1:])
+        # the command as typed, for the "Regenerate:" line of the outputs (common.command_line)
+        args.invocation = ["softcert", *argv]
         try:
             return int(module.run(args) or 0)
         except ValueError as exc:

@@ -47,3 +47,111 @@ def test_tightness_small_run_writes_outputs(tmp_path, capsys):
         assert all(v == 0 for v in row["violations"].values())
         assert all(g >= 0 for g in row["gap"].values())
     assert (tmp_path / "tightness.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------- layers
+LIBRARY = ("bounds", "kernels", "analysis", "certify")
+COMMAND_ONLY = {"argparse", "matplotlib", "softcert_cli"}
+
+
+def _imports(path):
+    import ast
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def test_library_imports_no_command_line_or_plotting():
+    """bounds/kernels/analysis/certify never import argparse, matplotlib or the CLI layer,
+    not even inside a function (the layer contract proper is import-linter's job)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    bad = []
+    for package in LIBRARY:
+        files = sorted((root / package).rglob("*.py"))
+        assert files, package
+        for path in files:
+            for name in _imports(path):
+                top = name.split(".")[0]
+                if top in COMMAND_ONLY:
+                    bad.append(f"{path.relative_to(root)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_layer_scan_catches_a_forbidden_import(tmp_path):
+    bad = tmp_path / "m.py"
+    bad.write_text("def f():\n    import matplotlib.pyplot as plt\n    from argparse import ArgumentParser\n")
+    assert set(_imports(bad)) == {"matplotlib.pyplot", "argparse"}
+
+
+def test_every_subcommand_module_has_configure_and_run():
+    import importlib
+
+    for name, (module, _) in softcert_cli.SUBCOMMANDS.items():
+        mod = importlib.import_module(module)
+        assert callable(mod.configure) and callable(mod.run), name
+
+
+# ---------------------------------------------------------------------------- common helpers
+def test_spelled_out_and_command_line():
+    import argparse
+
+    from softcert_cli import common
+
+    line = common.spelled_out("ghosts sweep", [("--out", "a b"), ("--n", [4, 8]),
+                                               ("--flag", True), ("--off", False), ("--x", None)])
+    assert line == "softcert ghosts sweep --out 'a b' --n 4 8 --flag"
+    ns = argparse.Namespace(invocation=["softcert", "fp", "--ns", "100"])
+    assert common.command_line(ns, "fp", [("--ns", 5)]) == "softcert fp --ns 100"
+    assert common.command_line(argparse.Namespace(), "fp", [("--ns", 5)]) == "softcert fp --ns 5"
+
+
+def test_writers_and_figure(tmp_path):
+    import numpy as np
+
+    from softcert_cli import common
+
+    md = common.write_markdown(tmp_path / "a.md", ["# t", "", "x", ""])
+    assert md.read_text() == "# t\n\nx\n"
+    js = common.write_json(tmp_path / "a.json", {"v": np.float64(0.5)})
+    assert json.loads(js.read_text()) == {"v": 0.5}
+    plt = common.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    names = common.save_figure(fig, tmp_path / "f.png", formats=("png", "pdf"))
+    assert names == ["f.png", "f.pdf"]
+    png = (tmp_path / "f.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and b"Software" not in png  # no version stamp
+    assert (tmp_path / "f.pdf").read_bytes().startswith(b"%PDF")
+    assert not plt.get_fignums()  # closed
+
+
+def test_timing_helpers_reject_bad_repeat():
+    from softcert_cli import common
+
+    calls = []
+    common.best_seconds(lambda: calls.append(1), 2)
+    assert len(calls) == 3  # one warm-up, two timed
+    with pytest.raises(ValueError, match="repeat"):
+        common.median_seconds(lambda: None, 0)
+
+
+# ---------------------------------------------------------------------------- commands
+def test_stability_records_the_typed_command(tmp_path, capsys):
+    argv = ["stability", "--scan", "3", "--out", str(tmp_path)]
+    assert softcert_cli.main(argv) == 0
+    res = json.loads((tmp_path / "stability" / "stability.json").read_text())
+    assert res["command"] == "softcert stability --scan 3 --out " + str(tmp_path)
+    assert all(r["beta_star"] >= r["beta_classical"] for r in res["cases"])
+    assert (tmp_path / "stability" / "sharpness.png").stat().st_size > 0
+
+
+def test_train_rejects_unknown_names(capsys):
+    assert softcert_cli.main(["train", "no-such-model"]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+    assert softcert_cli.main(["train"]) == 2

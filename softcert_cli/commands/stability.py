@@ -6,14 +6,12 @@ against βc; both change exactly at βc = 2 = β*c).
 """
 from __future__ import annotations
 
-import json
-import os
-import sys
-import time
+from pathlib import Path
 
 import numpy as np
 
 from analysis import feedback as fb
+from softcert_cli import common
 
 
 def configure(parser) -> None:
@@ -36,15 +34,12 @@ def _cases(c: float, seed: int):
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
     if args.c <= 0:
         raise ValueError(f"--c must be > 0, got {args.c}")
-    out = os.path.join(args.out, "stability")
-    os.makedirs(out, exist_ok=True)
-    cmd = ("softcert stability " + " ".join(sys.argv[2:])) if sys.argv[1:2] == ["stability"] \
-        else "softcert stability"
-    t0 = time.time()
+    out = Path(args.out) / "stability"
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = common.command_line(args, "stability")
+    clock = common.Stopwatch()
     rows = []
     for name, W in _cases(args.c, args.seed):
         cert = fb.stability_threshold(W, beta=None)
@@ -58,7 +53,7 @@ def run(args) -> int:
     c = args.c
     grid = np.linspace(1.0, 3.0, args.scan)
     fps, amps = [], []
-    for bc in tqdm(grid, desc="sharpness scan (beta*c)"):
+    for bc in common.progress(grid, desc="sharpness scan (beta*c)"):
         fps.append(fb.fixed_points_n2(c, bc / c))
         amps.append(fb.period_two_amplitude(c, bc / c))
     demo = {
@@ -67,10 +62,9 @@ def run(args) -> int:
         "two_cycle": {"below": fb.period_two_amplitude(c, 0.98 * 2 / c),
                       "above": fb.period_two_amplitude(c, 1.02 * 2 / c)},
     }
-    res = {"command": cmd, "seconds": time.time() - t0, "cases": rows, "demo": demo,
+    res = {"command": cmd, "seconds": clock.seconds, "cases": rows, "demo": demo,
            "scan": {"beta_c": grid.tolist(), "fixed_points": fps, "two_cycle_amplitude": amps}}
-    with open(os.path.join(out, "stability.json"), "w") as f:
-        json.dump(res, f, indent=1, default=float)
+    common.write_json(out / "stability.json", res)
     L = ["# Softmax feedback stability thresholds\n",
          f"Regenerate: `{cmd}` ({res['seconds']:.0f} s).\n",
          "x = softmax(β(Wx + b)) is a contraction of the simplex (unique fixed point, any b) "
@@ -89,13 +83,8 @@ def run(args) -> int:
              f"from (0.6, 0.4) ends with |x1 - x2| = {demo['two_cycle']['below']:.2e} at "
              f"βc = 1.96 and {demo['two_cycle']['above']:.3f} at βc = 2.04 (2-cycle).\n")
     L.append("![sharpness](sharpness.png)\n")
-    with open(os.path.join(out, "stability.md"), "w") as f:
-        f.write("\n".join(L) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    common.write_markdown(out / "stability.md", L)
+    plt = common.pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
     ax[0].plot(grid, fps, "o-", ms=3)
     ax[0].axvline(2, color="k", ls=":")
@@ -103,8 +92,6 @@ def run(args) -> int:
     ax[1].plot(grid, amps, "o-", ms=3, color="C1")
     ax[1].axvline(2, color="k", ls=":")
     ax[1].set(xlabel="βc", ylabel="|x1 - x2| after 4000 steps", title="W = -cI: 2-cycle")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "sharpness.png"), dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, out / "sharpness.png", dpi=120)
     print(f"wrote {out}/stability.md, .json, sharpness.png")
     return 0

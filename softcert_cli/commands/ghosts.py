@@ -10,15 +10,14 @@
   direction in raw step size tau* and in r* = tau*/rho_a; spread = std of log10 over T.
 - ``bench``: step time of SafeStep-wrapped Adam over bare Adam (same run, interleaved).
 Each writes <name>.json, <name>.md (with the regenerating command) and <name>.png to --out.
+Data: sklearn digits, flattened, a quarter held out by a torch permutation (``load_digits_split``;
+the split of the committed docs/ghosts results, which differs from certify.data.digits').
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -27,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from analysis.ghosts import batch_radius
-from analysis.ghosts_models import ARCHITECTURES, load_digits_split, make_model
-from analysis.safestep import SafeStep, _measurement_mode, logit_slopes
+from analysis.ghosts_models import ARCHITECTURES, make_model
+from analysis.safestep import SafeStep, logit_slopes, measurement_mode
+from softcert_cli import common
 
 EXPERIMENTS = ("sweep", "spike", "temperature", "bench")
 R_GRID = (0.125, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0)
@@ -38,9 +38,25 @@ METHODS = ("plain", "clip", "controller")
 
 
 def _progress(total, desc):
-    from tqdm import tqdm
+    return common.progress(total=total, desc=desc, leave=False)
 
-    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+
+def load_digits_split(seed: int = 0, test_fraction: float = 0.25):
+    """(x_train, y_train, x_test, y_test): float32 (N, 64) in [0, 1], int64 labels.
+
+    The split is torch.randperm under ``seed``. It stays here, not in certify.data.digits
+    (numpy permutation, 360 test images), so that the committed docs/ghosts numbers reproduce.
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.int64)
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(y), generator=g)
+    n_test = int(round(test_fraction * len(y)))
+    te, tr = perm[:n_test], perm[n_test:]
+    return x[tr], y[tr], x[te], y[te]
 
 
 def _train(model, data, steps, lr=1e-3, seed=0, spike=1.0, spike_at=50, method="plain"):
@@ -75,7 +91,7 @@ def _accuracy(model, x, y):
 
 def _loss_at(model, names, theta, x, y, temperature=1.0):
     """Cross-entropy at parameters ``theta`` in training mode (batch statistics, no stat update)."""
-    with torch.no_grad(), _measurement_mode(model):
+    with torch.no_grad(), measurement_mode(model):
         out = torch.func.functional_call(model, dict(zip(names, theta)), (x,))
         return F.cross_entropy(out / temperature, y).item()
 
@@ -83,7 +99,7 @@ def _loss_at(model, names, theta, x, y, temperature=1.0):
 def _directions(model, x, y, n_random, gen, temperature=1.0):
     names = [n for n, _ in model.named_parameters()]
     model.zero_grad()
-    with _measurement_mode(model):
+    with measurement_mode(model):
         F.cross_entropy(model(x) / temperature, y).backward()
     g = [p.grad.detach().clone() for p in model.parameters()]
     gn = math.sqrt(sum(float(t.pow(2).sum()) for t in g))
@@ -292,11 +308,7 @@ def _md_bench(res):
 
 
 def _plot(name, res, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     if name == "sweep":
         archs = list(dict.fromkeys(r["arch"] for r in res["rows"]))
         fig, axes = plt.subplots(2, 3, figsize=(12, 7), sharex=True)
@@ -343,21 +355,19 @@ def _plot(name, res, path):
         ax.axhline(1.6, color="r", ls="--", lw=1, label="target 1.6")
         ax.set_ylabel("SafeStep / Adam step time")
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=110)
 
 
 def write_report(name, res, out: Path, command: str, seconds: float):
     out.mkdir(parents=True, exist_ok=True)
     res = dict(res, command=command, seconds=round(seconds, 1))
-    (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=float))
+    common.write_json(out / f"{name}.json", res)
     body = {"sweep": _md_sweep, "spike": _md_spike, "temperature": _md_temperature, "bench": _md_bench}[name](res)
     title = {"sweep": "(a) Normalised-step sweep", "spike": "(b) LR-spike test",
              "temperature": "(c) Temperature scaling", "bench": "SafeStep overhead"}[name]
     text = [f"# {title}", "", f"Regenerate: `{command}` ({seconds:.0f} s on this machine).", ""] + body
-    text += ["", f"![{name}]({name}.png)", ""]
-    (out / f"{name}.md").write_text("\n".join(text))
+    text += ["", f"![{name}]({name}.png)"]
+    common.write_markdown(out / f"{name}.md", text)
     _plot(name, res, out / f"{name}.png")
 
 
@@ -386,10 +396,8 @@ def _command(args) -> str:
             "temperature": ["archs", "fail_ratio"], "bench": ["archs", "bench_steps"]}
     keys = ["archs", "stages", "random_dirs", "fail_ratio", "seeds", "steps", "spikes", "bench_steps"] \
         if args.experiment == "all" else opts[args.experiment]
-    parts = ["softcert", "ghosts", args.experiment, "--out", args.out]
-    for k in keys + ["threads"]:
-        parts += ["--" + k.replace("_", "-"), str(getattr(args, k))]
-    return " ".join(shlex.quote(p) for p in parts)
+    return common.spelled_out(f"ghosts {args.experiment}", [("--out", args.out)] + [
+        ("--" + k.replace("_", "-"), str(getattr(args, k))) for k in keys + ["threads"]])
 
 
 def run(args) -> int:
@@ -407,7 +415,7 @@ def run(args) -> int:
     todo = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     progress = not args.no_progress
     for name in todo:
-        t0 = time.perf_counter()
+        clock = common.Stopwatch()
         if name == "sweep":
             stages = sorted(int(s) for s in args.stages.split(","))
             res = run_sweep(archs, stages, args.random_dirs, args.fail_ratio, progress=progress)
@@ -418,6 +426,6 @@ def run(args) -> int:
             res = run_temperature(archs, TEMPERATURES, 200, args.fail_ratio, progress=progress)
         else:
             res = run_bench(archs, args.bench_steps, progress=progress)
-        write_report(name, res, out, command, time.perf_counter() - t0)
-        print(f"{name}: wrote {out / name}.{{json,md,png}} in {time.perf_counter() - t0:.0f} s")
+        write_report(name, res, out, command, clock.seconds)
+        print(f"{name}: wrote {out / name}.{{json,md,png}} in {clock.seconds:.0f} s")
     return 0

@@ -1,4 +1,4 @@
-"""Throughput of Vertex-Softmax as a ratio to ``torch.sort`` of the same tensor.
+"""``softcert bench``: throughput of Vertex-Softmax as a ratio to ``torch.sort`` of the same tensor.
 
 Sorting each row is the floor of the O(n log n) threshold sweep, so the ratio
 time(Vertex-Softmax, both bounds) / time(torch.sort of c) is the figure of merit; both are
@@ -6,41 +6,30 @@ measured in the same run, same threads, median of ``repeats`` timings after a wa
 """
 from __future__ import annotations
 
-import json
 import platform
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
+import bounds
+from softcert_cli import common
+
 SHAPES = ((4096, 16), (4096, 128), (1024, 1024), (64, 65536))
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up (JIT compile, allocator)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def measure(shapes=SHAPES, repeats: int = 5, backends=("numba", "torch"), seed: int = 0):
     """One dict per (shape, backend): seconds, rows·n per second, ratio to torch.sort."""
-    import bounds
-
     g = torch.Generator().manual_seed(seed)
     results = []
     for rows, n in shapes:
         c = torch.randn(rows, n, generator=g, dtype=torch.float64)
         lo = torch.randn(rows, n, generator=g, dtype=torch.float64) * 2
         hi = lo + torch.rand(rows, n, generator=g, dtype=torch.float64)
-        t_sort = _median_seconds(lambda: torch.sort(c, dim=-1), repeats)
+        t_sort = common.median_seconds(lambda: torch.sort(c, dim=-1), repeats)
         for backend in backends:
             reps = repeats if backend == "numba" or rows * n <= 2**18 else max(1, repeats // 2)
-            t = _median_seconds(lambda: bounds.vertex_softmax(c, lo, hi, backend=backend), reps)
+            t = common.median_seconds(
+                lambda: bounds.vertex_softmax(c, lo, hi, backend=backend), reps)
             results.append({
                 "rows": rows, "n": n, "backend": backend, "seconds": t, "sort_seconds": t_sort,
                 "elements_per_second": rows * n / t, "ratio_to_sort": t / t_sort,
@@ -80,14 +69,13 @@ def run(args) -> int:
     if args.repeats < 1:
         raise ValueError("--repeats: must be >= 1")
     results = measure(repeats=args.repeats, backends=tuple(args.backends))
-    command = f"softcert bench --repeats {args.repeats} --backends {' '.join(args.backends)}"
-    if args.out:
-        command += f" --out {args.out}"
+    command = common.spelled_out("bench", [("--repeats", args.repeats),
+                                           ("--backends", args.backends), ("--out", args.out)])
     md = to_markdown(results, command)
     print(md)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "benchmark.md").write_text(md)
-        (out / "benchmark.json").write_text(json.dumps({"command": command, "results": results}, indent=1))
+        common.write_markdown(out / "benchmark.md", md)
+        common.write_json(out / "benchmark.json", {"command": command, "results": results})
     return 0

@@ -1,12 +1,19 @@
-"""``softcert certify``: certified-accuracy tables for zoo models (Markdown + JSON + PNG)."""
+"""``softcert certify``: certified-accuracy tables for zoo models (Markdown + JSON + PNG).
+
+For each zoo model, radius and method: certify.verify on the correctly classified first n
+test images, checked against certify.attack (PGD): no certified image may be falsified and
+no PGD margin may lie below a certified bound. Writes results.md, results.json and
+certified_accuracy.png.
+"""
 from __future__ import annotations
 
-import json
-import shlex
-import sys
 from pathlib import Path
 
 import torch
+
+import certify
+from certify import zoo
+from softcert_cli import common
 
 DEFAULT_METHODS = ["ibp", "crown", "alpha-crown", "vertex", "lirpa-ibp", "lirpa-crown"]
 
@@ -20,11 +27,6 @@ def configure(parser):
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
-    import certify
-    from certify import zoo
-
     torch.set_num_threads(1)
     for m in args.methods:
         if m not in certify.METHODS:
@@ -33,12 +35,13 @@ def run(args) -> int:
         raise ValueError("n: must be >= 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "softcert certify " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["certify"] \
-        else "softcert certify " + _argstr(args)
+    command = common.command_line(args, "certify", [
+        ("--model", args.model), ("--eps", args.eps), ("--methods", args.methods),
+        ("--n", args.n), ("--out", args.out)])
     rows = []
     jobs = [(name, eps, meth) for name in args.model for eps in args.eps for meth in args.methods]
     loaded = {}
-    bar = tqdm(jobs, desc="certify", unit="run")
+    bar = common.progress(jobs, desc="certify", unit="run")
     for name, eps, meth in bar:
         bar.set_postfix_str(f"{name} eps={eps} {meth}")
         if name not in loaded:
@@ -72,11 +75,6 @@ def run(args) -> int:
     return 0
 
 
-def _argstr(args):
-    return (f"--model {' '.join(args.model)} --eps {' '.join(map(str, args.eps))} "
-            f"--methods {' '.join(args.methods)} --n {args.n} --out {args.out}")
-
-
 def _compare(rows, a, b):
     """Fraction of (image, target) pairs where method a's bound >= b's (and > b's)."""
     out = {}
@@ -96,12 +94,7 @@ def _compare(rows, a, b):
 
 
 def _write(out, rows, command):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    (out / "results.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    common.write_json(out / "results.json", {"command": command, "rows": rows})
     lines = ["# Certified accuracy of the zoo models", "",
              f"Regenerate: `{command}` (1 CPU thread). Ball: L∞ radius eps clipped to [0, 1]; the first n",
              "test images; certified / PGD-robust accuracy count misclassified images as failures; the",
@@ -125,7 +118,8 @@ def _write(out, rows, command):
             lines += [f"### {a} vs {b}: fraction of (image, target) bounds with {a} >= {b} (and strictly >)", ""]
             lines += [f"- {m}, eps {e}: {ge:.3f} ({gt:.3f})" for (m, e), (ge, gt) in cmp.items()]
             lines.append("")
-    (out / "results.md").write_text("\n".join(lines) + "\n")
+    common.write_markdown(out / "results.md", lines)
+    plt = common.pyplot()
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.6), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -138,5 +132,4 @@ def _write(out, rows, command):
         ax.set_xlabel("eps")
         ax.set_ylabel("certified accuracy")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "certified_accuracy.png", dpi=120)
+    common.save_figure(fig, out / "certified_accuracy.png", dpi=120)

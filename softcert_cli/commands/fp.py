@@ -8,16 +8,15 @@ and long double exps with a pairwise long double sum (~20 * 2^-64) for float64.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
-import time
+from pathlib import Path
 
 import numba
 import numpy as np
 
 from analysis import fp
+from softcert_cli import common
 
 NS = (100, 1_000, 10_000, 100_000, 1_000_000)
 
@@ -161,7 +160,7 @@ def attention_rows(mode: str, seed: int):
         return None, "none"
     if mode == "auto":
         try:
-            from analysis import attention  # noqa: F401  (lands in another branch)
+            from analysis import attention
 
             at = attention.extract_attention()
             return _stack_rows(at.scores), (
@@ -181,25 +180,24 @@ def attention_rows(mode: str, seed: int):
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
-    out = os.path.join(args.out, "fp")
-    os.makedirs(out, exist_ok=True)
+    out = Path(args.out) / "fp"
+    out.mkdir(parents=True, exist_ok=True)
     ns = [int(float(v)) for v in args.ns.split(",")]
     dtypes = [d.strip() for d in args.dtypes.split(",")]
     for d in dtypes:
-        fp.FORMATS.get(d) or (_ for _ in ()).throw(ValueError(f"--dtypes: unknown {d!r}"))
-    cmd = "softcert fp " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["fp"] else "softcert fp"
-    t0 = time.time()
+        if d not in fp.FORMATS:
+            raise ValueError(f"--dtypes: unknown {d!r}")
+    cmd = common.command_line(args, "fp")
+    clock = common.Stopwatch()
     n_inputs = sum(6 + 2 * (args.random_trials if n <= 10_000 else 1) for n in ns) * len(dtypes)
-    with tqdm(total=n_inputs, desc="fp stress inputs") as bar:
+    with common.progress(total=n_inputs, desc="fp stress inputs") as bar:
         table = measure_table(ns, dtypes, args.block, args.random_trials, args.mpmath_max_n,
                               args.seed, bar)
     ths = [fp.thresholds(d).__dict__ for d in fp.DTYPES]
     exp_meas = {d: {"measured_max_ulp": fp.measure_exp_ulps(d, points=20_001),
                     "assumed_ulp": fp.EXP_ULPS[d]} for d in fp.DTYPES}
     if args.exhaustive_exp:
-        with tqdm(total=133, desc="exhaustive float32 expf") as bar:
+        with common.progress(total=133, desc="exhaustive float32 expf") as bar:
             exp_meas["float32"]["exhaustive"] = exhaustive_expf(bar)
     rows_res = None
     scores, source = attention_rows(args.rows, args.seed)
@@ -219,15 +217,14 @@ def run(args) -> int:
                               "max_measured_over_bound": float((m / b).max())})
         rows_res = {"source": source, "shape": list(scores.shape), "layers": per_layer,
                     "throughput": thr}
-    result = {"command": cmd, "seconds": time.time() - t0, "table": table, "thresholds": ths,
+    result = {"command": cmd, "seconds": clock.seconds, "table": table, "thresholds": ths,
               "exp": exp_meas, "rows": rows_res, "block": args.block,
-              "assumptions": fp._ASSUME}
-    with open(os.path.join(out, "fp_bounds.json"), "w") as f:
-        json.dump(result, f, indent=1, default=float)
+              "assumptions": fp.ASSUMPTIONS}
+    common.write_json(out / "fp_bounds.json", result)
     _write_md(out, result, ns, dtypes)
     _plot(out, table, dtypes)
     bad = [r for r in table if r["max_violation"] > 1]
-    print(f"wrote {out}/fp_bounds.md, .json, error_vs_n.png in {time.time() - t0:.0f}s; "
+    print(f"wrote {out}/fp_bounds.md, .json, error_vs_n.png in {clock.seconds:.0f}s; "
           f"violations: {len(bad)}")
     return 1 if bad else 0
 
@@ -239,7 +236,7 @@ def _fmt(v, nd=1):
 
 
 def _write_md(out, res, ns, dtypes):
-    L = [f"# FP softmax error bounds\n", f"Regenerate: `{res['command']}` "
+    L = ["# FP softmax error bounds\n", f"Regenerate: `{res['command']}` "
          f"({res['seconds']:.0f} s; single-threaded except the row kernel).\n",
          "Bound: |p̂_i - p_i| <= rel·p_i + abs_floor for every finite input of length n "
          "(analysis.fp.error_bound, no score_range; abs_floor ≈ 0.37u covers the exp-argument "
@@ -306,16 +303,11 @@ def _write_md(out, res, ns, dtypes):
                  f"error = {t['bound_and_measure_ratio']:.2f}x (torch 1 thread, numba "
                  f"{t['threads']} thread(s)).")
     L.append("\n![error vs n](error_vs_n.png)\n")
-    with open(os.path.join(out, "fp_bounds.md"), "w") as f:
-        f.write("\n".join(L) + "\n")
+    common.write_markdown(out / "fp_bounds.md", L)
 
 
 def _plot(out, table, dtypes):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     d = "float32" if "float32" in dtypes else dtypes[0]
     for i, a in enumerate(fp.ALGORITHMS):
@@ -330,6 +322,4 @@ def _plot(out, table, dtypes):
     ax.set_ylabel(f"relative error / u ({d})")
     ax.set_title("Proven bound vs worst measured error")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "error_vs_n.png"), dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, out / "error_vs_n.png", dpi=120)

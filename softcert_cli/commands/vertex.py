@@ -1,7 +1,13 @@
-"""``softcert vertex``: bound c·softmax(s) over one score box from the command line (JSON out)."""
+"""``softcert vertex``: bound c·softmax(s) over one score box from the command line (JSON out).
+
+Prints bounds.vertex_softmax's result (bounds, optimal vertices, method, assumptions);
+``--check`` re-checks both bounds with bounds.check_certificate (exact rationals).
+"""
 from __future__ import annotations
 
 import json
+
+import bounds
 
 
 def configure(parser) -> None:
@@ -15,8 +21,6 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    import bounds
-
     res = bounds.vertex_softmax(args.c, args.lower, args.upper)
     out = {
         "method": res.method,

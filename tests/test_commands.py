@@ -1,0 +1,93 @@
+"""The moved subcommands at toy size: outputs written, the typed command recorded, the
+library's own soundness checks (PGD against the certificate, measured FP error against the
+proven bound) passing, and bad options rejected by name."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import softcert_cli
+
+
+def test_fp_small_run_has_no_violation(tmp_path, capsys):
+    argv = ["fp", "--ns", "100", "--dtypes", "float32", "--random-trials", "1", "--rows", "none",
+            "--out", str(tmp_path)]
+    assert softcert_cli.main(argv) == 0  # 1 would mean a measured error above the proven bound
+    res = json.loads((tmp_path / "fp" / "fp_bounds.json").read_text())
+    assert res["command"] == "softcert " + " ".join(argv)
+    assert res["assumptions"] and res["rows"] is None
+    for row in res["table"]:
+        assert row["max_violation"] <= 1 and row["worst_rel_u"] <= row["bound_rel_u"]
+    assert "## float32" in (tmp_path / "fp" / "fp_bounds.md").read_text()
+    assert (tmp_path / "fp" / "error_vs_n.png").stat().st_size > 0
+
+
+def test_fp_rejects_unknown_dtype(tmp_path, capsys):
+    assert softcert_cli.main(["fp", "--dtypes", "float8", "--out", str(tmp_path)]) == 2
+    assert "--dtypes" in capsys.readouterr().err
+
+
+def test_certify_small_run_is_checked_by_pgd(tmp_path, capsys):
+    out = tmp_path / "c"
+    rc = softcert_cli.main(["certify", "--model", "digits-vit1", "--eps", "0.01", "--methods",
+                            "ibp", "crown", "--n", "3", "--out", str(out)])
+    assert rc == 0  # run() raises if PGD found a margin below a certified bound
+    res = json.loads((out / "results.json").read_text())
+    assert [r["method"] for r in res["rows"]] == ["ibp", "crown"]
+    for r in res["rows"]:
+        assert 0 <= r["certified_acc"] <= r["pgd_acc"] <= r["clean_acc"] <= 1
+    assert "| eps | method |" in (out / "results.md").read_text()
+    assert (out / "certified_accuracy.png").stat().st_size > 0
+
+
+def test_certify_rejects_unknown_method(tmp_path, capsys):
+    assert softcert_cli.main(["certify", "--methods", "magic", "--out", str(tmp_path)]) == 2
+    assert "methods" in capsys.readouterr().err
+
+
+def test_bench_measure_and_table():
+    from softcert_cli.commands import bench
+
+    res = bench.measure(shapes=((8, 4),), repeats=1, backends=("torch",))
+    assert len(res) == 1 and res[0]["seconds"] > 0 and res[0]["ratio_to_sort"] > 0
+    md = bench.to_markdown(res, "softcert bench --repeats 1")
+    assert "`softcert bench --repeats 1`" in md and "| 8 | 4 | torch |" in md
+
+
+def test_topk_bench_small_run(tmp_path, capsys):
+    out = tmp_path / "tb"
+    rc = softcert_cli.main(["topk-bench", "--n", "16", "--elements", "64", "--repeat", "1",
+                            "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "bench.json").read_text())
+    assert {r["method"] for r in res["results"]} >= {"torch.sort", "numba certified_k"}
+    assert res["command"].startswith("softcert topk-bench --n 16")
+
+
+def test_bench_rejects_bad_repeats(capsys):
+    assert softcert_cli.main(["bench", "--repeats", "0"]) == 2
+    assert "--repeats" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, word", [(["stability", "--c", "0"], "--c"),
+                                        (["ghosts", "sweep", "--archs", "ResNet"], "archs")])
+def test_bad_options_name_the_option(argv, word, tmp_path, capsys):
+    assert softcert_cli.main(argv + ["--out", str(tmp_path)]) == 2
+    assert word in capsys.readouterr().err
+
+
+def test_train_writes_a_checkpoint_zoo_can_read(tmp_path, monkeypatch, capsys):
+    """`softcert train` end to end on a one-epoch variant of the digits recipe."""
+    import torch
+
+    from certify import ViT, train
+
+    dataset, cfg, recipe = train.RECIPES["digits-vit1"]
+    monkeypatch.setitem(train.RECIPES, "digits-vit1", (dataset, cfg, dict(recipe, epochs=1)))
+    assert softcert_cli.main(["train", "digits-vit1", "--out", str(tmp_path)]) == 0
+    assert "digits-vit1: test accuracy" in capsys.readouterr().out
+    ckpt = torch.load(tmp_path / "digits-vit1.pt", weights_only=True)
+    assert ckpt["dataset"] == "digits" and ckpt["config"]["image"] == [1, 8, 8]
+    model = ViT(**dict(ckpt["config"], image=tuple(ckpt["config"]["image"])))
+    model.load_state_dict(ckpt["state_dict"])  # the layout zoo.load expects
