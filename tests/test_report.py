@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import softcert_cli
-from softcert_cli import check
+from softcert_cli import checker, records
 from softcert_cli.report import TINY, QUICK
 
 
@@ -28,7 +28,7 @@ def test_report_folder_complete(tiny_report):
         assert f"{stem}.png" in names and f"{stem}.pdf" in names
     res = json.loads((tiny_report / "results.json").read_text())
     kinds = {r["kind"] for r in res["certificates"]}
-    assert kinds == {"vertex", "radius", "topk", "fp", "feedback"}  # every stage left proofs
+    assert kinds == {"verdict", "vertex", "radius", "topk", "fp", "feedback"}  # every stage left records
     assert {r["method"] for r in res["certify"]["rows"]} == set(TINY.methods)
     assert "minilm" in res["topk"] and res["topk"]["minilm_sequences"] == TINY.minilm_sentences
     assert all(all(v.values()) for v in res["appendix"].values())
@@ -55,7 +55,7 @@ def _tamper(res, kind, mutate):
     res = copy.deepcopy(res)
     rec = next(r for r in res["certificates"] if r["kind"] == kind)
     mutate(rec)
-    rec["sha256"] = check.digest(rec)  # a forger recomputes the digest: the math must catch it
+    rec["sha256"] = records.digest(rec)  # a forger recomputes the digest: the math must catch it
     return res, rec["id"]
 
 
@@ -73,7 +73,7 @@ def _tamper(res, kind, mutate):
 def test_tampered_certificate_fails_and_is_named(tiny_report, tmp_path, kind, mutate, capsys):
     res = json.loads((tiny_report / "results.json").read_text())
     bad, rid = _tamper(res, kind, mutate)
-    fails = check.check_results(bad)
+    fails = checker.check_results(bad)
     assert [f[0] for f in fails] == [rid], fails
     path = tmp_path / "results.json"
     path.write_text(json.dumps(bad))
@@ -85,7 +85,7 @@ def test_changed_number_without_new_digest_is_named(tiny_report):
     res = json.loads((tiny_report / "results.json").read_text())
     res["certificates"][0]["lower"][0] -= 1.0  # widening the box: still sound, but not what was reported
     res["certify"]["rows"][0]["certified_acc"] = 1.0
-    names = [f[0] for f in check.check_results(res)]
+    names = [f[0] for f in checker.check_results(res)]
     assert res["certificates"][0]["id"] in names and "section certify" in names
 
 
