@@ -34,13 +34,15 @@ settings, so deleting a record, a section or the digest table fails.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
 from fractions import Fraction
 
 import mpmath
 import numpy as np
 
-from softcert_cli.records import KINDS, SECTIONS, digest, ids_digest, record_counts, sha256
+from softcert_cli.records import KINDS, SECTIONS, canonical, digest, ids_digest, record_counts, sha256
 
 U64 = 2.0 ** -53
 VERTEX_MAX_PREC = 1 << 16  # bits; a nonzero sum is decided well before this on float64 inputs
@@ -502,6 +504,24 @@ CHECKERS = {"verdict": check_verdict, "vertex": check_vertex, "radius": check_ra
 assert set(CHECKERS) == set(KINDS)
 
 
+def check_record(rec: dict) -> str | None:
+    """The reason ``rec`` fails its kind's check, or None. Memoised on the canonical JSON (the
+    checks are pure), so re-checking a file with the same records costs nothing."""
+    return _check_canonical(canonical(rec))
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_canonical(text: str) -> str | None:
+    rec = json.loads(text)
+    kind = rec.get("kind")
+    if kind not in CHECKERS:
+        return f"unknown kind {kind!r}"
+    try:
+        return CHECKERS[kind](rec)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError, IndexError) as exc:
+        return f"malformed record: {type(exc).__name__}: {exc}"
+
+
 # ----------------------------------------------------------------------------- sections
 def _same_float(claimed, exact_value: Fraction) -> bool:
     """claimed is exact_value correctly rounded to float64 (how int/int and mean of ints round)."""
@@ -785,15 +805,7 @@ def check_results(results: dict, progress: bool = False) -> list[tuple[str, str]
         if rec.get("sha256") != digest(rec):
             reason = "digest mismatch: the record was changed after the report"
             failures.append((rid, reason))
-        kind = rec.get("kind")
-        if kind not in CHECKERS:
-            failures.append((rid, f"unknown kind {kind!r}"))
-            bad.add(rid)
-            continue
-        try:
-            why = CHECKERS[kind](rec)
-        except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError, IndexError) as exc:
-            why = f"malformed record: {type(exc).__name__}: {exc}"
+        why = check_record(rec)
         if why:
             failures.append((rid, why))
         if why or reason:

@@ -120,13 +120,14 @@ def stage_certify(model, x, y, st: Settings, records: list):
     m64 = copy.deepcopy(model).double().eval()
     g = build_graph(m64)
     rng = np.random.default_rng(SEED)
+    verdicts: list = []  # appended after the proof records, one per (eps, method, image)
     for eps in st.eps:
         if len(yc) == 0:  # nothing to certify: every image is misclassified
             rows += [dict(eps=eps, method=meth, n=len(y), clean_acc=0.0, pgd_acc=0.0, certified_acc=0.0,
                           mean_lower_margin=None, seconds_per_image=0.0, note="no correctly classified image")
                      for meth in st.methods]
             for meth in st.methods:
-                _verdict_records(records, eps, meth, y, pred, idx_c, None, None)
+                _verdict_records(verdicts, eps, meth, y, pred, idx_c, None, None)
             bar.update(1 + len(st.methods))
         bar.set_postfix_str(f"eps={eps} PGD")
         att = certify.attack(model, xc, yc, eps) if len(yc) else None
@@ -139,7 +140,7 @@ def stage_certify(model, x, y, st: Settings, records: list):
             if (att.min_margin < res.worst_margin - 1e-9).any():
                 raise RuntimeError(f"soundness violation: a PGD margin lies below the {meth} bound")
             wm = res.worst_margin
-            _verdict_records(records, eps, meth, y, pred, idx_c, att, res)
+            _verdict_records(verdicts, eps, meth, y, pred, idx_c, att, res)
             # int / int: correctly rounded, as `softcert check` re-derives it from the verdicts
             rows.append(dict(eps=eps, method=meth, n=len(y), clean_acc=int(correct.sum()) / len(y),
                              pgd_acc=float(pgd_acc), certified_acc=int(res.certified.sum()) / len(y),
@@ -171,6 +172,7 @@ def stage_certify(model, x, y, st: Settings, records: list):
                 min=float(vb.lower), max=float(vb.upper))))
         bar.update(1)
     bar.close()
+    records += verdicts
     return {"rows": rows, "images": len(y), "correct": int(correct.sum())}
 
 
