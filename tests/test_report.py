@@ -253,3 +253,54 @@ def test_verdicts_disagreeing_with_the_table_fail(tiny_report):
     rec.update(certified=True, lower_margin=min(1e-3, rec["pgd_margin"] / 2))
     rec["sha256"] = records.digest(rec)
     assert set(_failed(_reseal(res))) == {"section certify row eps=0.02 method=ibp"}
+
+
+# ----------------------------------------------------------------------------- --data
+def _own(tmp_path):
+    import numpy as np
+
+    from certify.models import ViT
+
+    torch.manual_seed(0)
+    m = ViT(image=(1, 12, 12), patch=4, dim=8, heads=2, mlp=16, depth=1, classes=3).eval()
+    ckpt = tmp_path / "own.pt"
+    torch.save({"config": m.config, "state_dict": m.state_dict()}, ckpt)
+    x = np.random.default_rng(0).random((3, 1, 12, 12)).astype(np.float32)
+    with torch.no_grad():
+        y = m(torch.as_tensor(x)).argmax(1).numpy()
+    y[1] = (y[1] + 1) % 3  # one misclassified image: not verified, never certified
+    data = tmp_path / "data.npz"
+    np.savez(data, x=x, y=y)
+    return m, ckpt, data
+
+
+def test_certify_stage_on_own_data_gives_checkable_verdicts(tmp_path):
+    from dataclasses import replace
+
+    from softcert_cli import modelio, report
+
+    _, ckpt, data = _own(tmp_path)
+    model, x, y, _ = modelio.load_model(str(ckpt), data=str(data))
+    st = replace(TINY, n_images=3, methods=("ibp", "crown"), vertex_rows=1)
+    recs: list = []
+    sec = report.stage_certify(model, x, y, st, recs)
+    verdicts = [r for r in recs if r["kind"] == "verdict"]
+    assert len(verdicts) == 3 * len(st.methods) and [r for r in recs if r["kind"] == "vertex"]
+    assert all(checker.check_record(r) is None for r in recs)
+    mis = [r for r in verdicts if r["image"] == 1]
+    assert all(r["lower_margin"] is None and not r["certified"] and r["pgd_margin"] is None for r in mis)
+    settings = {"n_images": st.n_images, "eps": list(st.eps), "methods": list(st.methods)}
+    assert checker.check_certify_section(sec, verdicts, settings) == []
+    assert all(r["clean_acc"] == 2 / 3 for r in sec["rows"])
+
+
+def test_report_data_option_errors_name_it(tmp_path, capsys):
+    import numpy as np
+
+    _, ckpt, data = _own(tmp_path)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.zeros((2, 1, 12, 12), np.float32), y=np.array([0.0, 1.0]))
+    assert softcert_cli.main(["report", "--tiny", "--model", str(ckpt), "--data", str(bad), "--out", str(tmp_path)]) == 2
+    assert "--data: y has dtype float64; labels must be integers" in capsys.readouterr().err
+    assert softcert_cli.main(["report", "--tiny", "--model", str(ckpt), "--out", str(tmp_path)]) == 2
+    assert "pass your own test set with --data" in capsys.readouterr().err
