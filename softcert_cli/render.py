@@ -235,11 +235,13 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
              f"({', '.join(f'{v} {k}' for k, v in sorted(n_kind.items()))}), each re-checkable with "
              f"`softcert check results.json`.")
     rd, fb = res["radii"], res["feedback"]
-    md = [f"# softcert report", "", f"Regenerate: `{cmd}`; re-check: `softcert check {out}/results.json`.", "",
+    md = ["# softcert report", "", f"Regenerate: `{cmd}`; re-check: `softcert check {out}/results.json`.", "",
           intro, "",
           "## 1. Certified robustness", "",
           f"Methods from `certify.verify`: {', '.join(st.methods)} (vertex = CROWN with Vertex-Softmax inside; "
-          "lirpa-* = auto_LiRPA 0.3). PGD (40 steps x 2 restarts) gives the upper bound; every run is checked against PGD. The Vertex-Softmax records hold a "
+          "lirpa-* = auto_LiRPA 0.3). PGD (40 steps x 2 restarts) gives the upper bound; every run is checked against PGD. "
+          "Each image has a verdict record per eps and method (label, prediction, certified, lower margin, PGD "
+          "margin), from which `softcert check` re-derives this table. The Vertex-Softmax records hold a "
           "score box, coefficients c and the bound of c·softmax(s) for sampled attention rows.", "",
           md_table(*T["certify"][1:]), "", "![certified accuracy](certified_accuracy.png)", "",
           "## 2. Taylor radii of the loss along the gradient", "",

@@ -2,18 +2,22 @@
 
 Stages (each with a progress bar, wall time recorded in manifest.json):
 1. certify  — certified accuracy at several eps with the certify methods, PGD upper bound,
+              one verdict record per (image, eps, method) from which the table is re-derived,
               and Vertex-Softmax proof records (score box, coefficients, bound) for sampled
               attention rows of the propagated model;
 2. radii    — Taylor radii of the loss along the normalised gradient direction (one JVP):
               per-image lower bounds (pi, root), exact radii of the closest images;
-3. topk     — certified top-k per layer/head on MiniLM attention and on the model's own;
+3. topk     — certified top-k per layer/head on MiniLM attention and on the model's own
+              (means beside their integer totals);
 4. fp       — FP32 softmax error bounds for the sequence lengths of both models, beside the
               measured errors of their actual score rows;
 5. feedback — stability thresholds of the heads' iterated attention p <- softmax(β W p),
               W = K Qᵀ/sqrt(d_h) (Hopfield-style retrieval with the attention-mixed query);
 6. appendix — sympy derivations (softcert_cli.appendix);
 then report.md / report.tex / figures / results.json / manifest.json (softcert_cli.render).
-Every certificate record in results.json is re-checkable with ``softcert check``.
+results.json follows softcert_cli.records (records, section digests, sealed manifest);
+``softcert check`` re-checks every record and re-derives the tables from them.
+Test data: the bundled split, or ``--data`` (softcert_cli.modelio.load_test_set).
 """
 from __future__ import annotations
 
