@@ -44,6 +44,12 @@ import numpy as np
 
 from softcert_cli.records import KINDS, SECTIONS, canonical, digest, ids_digest, record_counts, sha256
 
+__all__ = ["CHECKERS", "exact", "as_float", "linear_max_sign", "vertex_claim_holds", "zero_count",
+           "tail_mass_bounds", "fp_formula", "norm_upper_holds", "check_vertex", "check_radius", "check_topk",
+           "check_fp", "check_feedback", "check_verdict", "check_record", "check_certify_section",
+           "check_radii_section", "check_topk_section", "check_fp_section", "check_feedback_section",
+           "check_appendix_section", "expected_counts", "check_manifest", "check_results"]
+
 U64 = 2.0 ** -53
 VERTEX_MAX_PREC = 1 << 16  # bits; a nonzero sum is decided well before this on float64 inputs
 PGD_SLACK = 1e-9  # float64 evaluation error allowed on a recorded PGD margin (relative to 1 + |m|)
