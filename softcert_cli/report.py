@@ -2,18 +2,22 @@
 
 Stages (each with a progress bar, wall time recorded in manifest.json):
 1. certify  — certified accuracy at several eps with the certify methods, PGD upper bound,
+              one verdict record per (image, eps, method) from which the table is re-derived,
               and Vertex-Softmax proof records (score box, coefficients, bound) for sampled
               attention rows of the propagated model;
 2. radii    — Taylor radii of the loss along the normalised gradient direction (one JVP):
               per-image lower bounds (pi, root), exact radii of the closest images;
-3. topk     — certified top-k per layer/head on MiniLM attention and on the model's own;
+3. topk     — certified top-k per layer/head on MiniLM attention and on the model's own
+              (means beside their integer totals);
 4. fp       — FP32 softmax error bounds for the sequence lengths of both models, beside the
               measured errors of their actual score rows;
 5. feedback — stability thresholds of the heads' iterated attention p <- softmax(β W p),
               W = K Qᵀ/sqrt(d_h) (Hopfield-style retrieval with the attention-mixed query);
 6. appendix — sympy derivations (softcert_cli.appendix);
 then report.md / report.tex / figures / results.json / manifest.json (softcert_cli.render).
-Every certificate record in results.json is re-checkable with ``softcert check``.
+results.json follows softcert_cli.records (records, section digests, sealed manifest);
+``softcert check`` re-checks every record and re-derives the tables from them.
+Test data: the bundled split, or ``--data`` (softcert_cli.modelio.load_test_set).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from softcert_cli.check import seal
+from softcert_cli.records import seal
 
 SEED = 0
 
@@ -61,6 +65,10 @@ def configure(parser) -> None:
     parser.add_argument("--model", default="digits-vit1",
                         help="zoo name (certify.zoo.names()), a saved checkpoint {'config','state_dict'} "
                              "or an ONNX file of the certify.ViT family (default: digits-vit1)")
+    parser.add_argument("--data", default=None,
+                        help="your test set: a .pt file (dict or tuple with x and y) or an .npz file (arrays x, y); "
+                             "x: float images (B, C, H, W) in [0, 1] of the model's input shape, y: integer labels "
+                             "(default: the bundled test split for 8x8 and 28x28 greyscale models)")
     parser.add_argument("--out", default="report", help="output folder")
     parser.add_argument("--quick", action="store_true", help="few images, fast methods (2-4 min on 2 cores)")
     parser.add_argument("--tiny", action="store_true", help=argparse_suppress())
@@ -107,22 +115,27 @@ def stage_certify(model, x, y, st: Settings, records: list):
     from bounds import vertex_softmax
 
     with torch.no_grad():
-        correct = model(x).argmax(1) == y
+        pred = model(x).argmax(1)
+    correct = pred == y
     xc, yc = x[correct], y[correct]
+    idx_c = torch.nonzero(correct).flatten().tolist()  # image index of each verified image
     rows = []
     bar = _bar(len(st.eps) * (len(st.methods) + 2), "certify")
     m64 = copy.deepcopy(model).double().eval()
     g = build_graph(m64)
     rng = np.random.default_rng(SEED)
+    verdicts: list = []  # appended after the proof records, one per (eps, method, image)
     for eps in st.eps:
         if len(yc) == 0:  # nothing to certify: every image is misclassified
             rows += [dict(eps=eps, method=meth, n=len(y), clean_acc=0.0, pgd_acc=0.0, certified_acc=0.0,
                           mean_lower_margin=None, seconds_per_image=0.0, note="no correctly classified image")
                      for meth in st.methods]
+            for meth in st.methods:
+                _verdict_records(verdicts, eps, meth, y, pred, idx_c, None, None)
             bar.update(1 + len(st.methods))
         bar.set_postfix_str(f"eps={eps} PGD")
         att = certify.attack(model, xc, yc, eps) if len(yc) else None
-        pgd_acc = sum(s != "sat" for s in att.status) / len(y) if att is not None else 0.0
+        pgd_acc = sum(s != "sat" for s in att.status) / len(y) if att is not None else 0.0  # int / int
         bar.update(1 if att is not None else 0)
         for meth in (st.methods if len(yc) else ()):
             bar.set_postfix_str(f"eps={eps} {meth}")
@@ -131,8 +144,10 @@ def stage_certify(model, x, y, st: Settings, records: list):
             if (att.min_margin < res.worst_margin - 1e-9).any():
                 raise RuntimeError(f"soundness violation: a PGD margin lies below the {meth} bound")
             wm = res.worst_margin
-            rows.append(dict(eps=eps, method=meth, n=len(y), clean_acc=float(correct.float().mean()),
-                             pgd_acc=float(pgd_acc), certified_acc=float(res.certified.sum()) / len(y),
+            _verdict_records(verdicts, eps, meth, y, pred, idx_c, att, res)
+            # int / int: correctly rounded, as `softcert check` re-derives it from the verdicts
+            rows.append(dict(eps=eps, method=meth, n=len(y), clean_acc=int(correct.sum()) / len(y),
+                             pgd_acc=float(pgd_acc), certified_acc=int(res.certified.sum()) / len(y),
                              mean_lower_margin=float(wm[torch.isfinite(wm)].mean()) if torch.isfinite(wm).any() else None,
                              seconds_per_image=res.seconds / max(1, len(yc)), note=res.note))
             bar.update(1)
@@ -161,7 +176,29 @@ def stage_certify(model, x, y, st: Settings, records: list):
                 min=float(vb.lower), max=float(vb.upper))))
         bar.update(1)
     bar.close()
+    records += verdicts
     return {"rows": rows, "images": len(y), "correct": int(correct.sum())}
+
+
+def _verdict_records(records, eps, method, y, pred, idx_c, att, res):
+    """One record per image at (eps, method): what an attack -> verify -> check loop decides.
+
+    Misclassified images are not verified (lower_margin None, not certified) nor attacked
+    (pgd_margin None); ``att`` and ``res`` hold the verified images idx_c in order.
+    """
+    pos = {i: k for k, i in enumerate(idx_c)}
+    for i in range(len(y)):
+        k = pos.get(i)
+        lm = pm = None
+        cert = cex = False
+        if k is not None and res is not None:
+            lm, cert = float(res.worst_margin[k]), bool(res.certified[k])
+        if k is not None and att is not None:
+            pm, cex = float(att.min_margin[k]), att.status[k] == "sat"
+        records.append(seal(dict(
+            id=f"verdict/eps={eps}/{method}/image{i}", kind="verdict", image=i, eps=eps, method=method,
+            label=int(y[i]), predicted=int(pred[i]), certified=cert, lower_margin=lm,
+            pgd_margin=pm, pgd_counterexample=cex)))
 
 
 # ----------------------------------------------------------------------------- 2. radii
@@ -283,8 +320,11 @@ def _topk_tables_var(scores_list, eps_list):
             acc[e]["n"] += c.n_valid.double().sum(-1).numpy()
             acc[e]["proved"] += c.minimal_proved.double().sum(-1).numpy()
             acc[e]["rows"] += s.shape[2]
+    # the integer totals let `softcert check` re-derive every mean (the sums of ints are exact)
     return {str(e): {"mean_k": (d["k"] / d["rows"]).tolist(), "mean_n": (d["n"] / d["rows"]).tolist(),
-                     "proved_minimal": (d["proved"] / d["rows"]).tolist(), "rows": d["rows"]}
+                     "proved_minimal": (d["proved"] / d["rows"]).tolist(), "rows": d["rows"],
+                     "k_sum": d["k"].astype(np.int64).tolist(), "n_sum": d["n"].astype(np.int64).tolist(),
+                     "proved_count": d["proved"].astype(np.int64).tolist()}
             for e, d in acc.items()}
 
 
@@ -375,6 +415,8 @@ def command_line(args) -> str:
     parts = ["softcert report"]
     if args.model != "digits-vit1":
         parts += ["--model", shlex.quote(args.model)]
+    if args.data is not None:
+        parts += ["--data", shlex.quote(str(args.data))]
     parts += ["--out", shlex.quote(str(args.out))]
     parts += ["--quick"] if args.quick else []
     parts += ["--tiny"] if args.tiny else []
@@ -394,13 +436,13 @@ def run(args) -> int:
     timer = Timer()
     t_all = time.perf_counter()
     with timer("load"):
-        model, xte, yte, label = load_model(args.model)
+        model, xte, yte, label = load_model(args.model, data=args.data)
         x, y = xte[: max(st.n_images, st.radius_images)], yte[: max(st.n_images, st.radius_images)]
         minilm = None if args.no_minilm else load_minilm(st)
     torch.set_num_threads(1)  # loading transformers may have reset it
     out.mkdir(parents=True, exist_ok=True)
     records: list = []
-    res = {"model": {"spec": label, "config": {k: list(v) if isinstance(v, tuple) else v
+    res = {"model": {"spec": label, "data": "bundled test split" if args.data is None else str(args.data), "config": {k: list(v) if isinstance(v, tuple) else v
                                                 for k, v in model.config.items()},
                      "parameters": sum(p.numel() for p in model.parameters())},
            "settings": asdict(st)}

@@ -9,7 +9,7 @@ import torch
 
 from analysis import fp, ghosts, topk
 from bounds import vertex_softmax
-from softcert_cli import check
+from softcert_cli import checker as check
 
 
 def test_zero_count_matches_known_zeros():
@@ -91,3 +91,80 @@ def test_feedback_check_exact():
 @pytest.mark.parametrize("bad", [{}, {"certificates": []}, {"certificates": [{"id": "x", "kind": "nope"}]}])
 def test_malformed_results_fail(bad):
     assert check.check_results(bad)
+
+
+# ----------------------------------------------------------------------------- exact vertex decision
+from fractions import Fraction  # noqa: E402
+
+import mpmath  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@pytest.mark.parametrize("c,vmax", [([9007199254740993], 9007199254740992),
+                                    ([2 ** 53 + 4], 9007199254740995)])
+def test_vertex_check_reads_big_integers_exactly(c, vmax):
+    # a single key: softmax = 1, so the value is c exactly; float() would round c to the claim
+    rec = dict(c=c, lower=[0.0], upper=[0.0], min=vmax, max=vmax)
+    assert "upper bound" in check.check_vertex(rec)
+    assert check.check_vertex(dict(rec, min=c[0], max=c[0])) is None
+    assert check.check_vertex(dict(rec, c=[0.1], min=0.1, max=0.1)) is None  # the binary64 0.1, exactly
+
+
+def test_vertex_check_refuses_integers_float64_cannot_hold_as_scores():
+    assert "malformed" in check.check_record(dict(kind="vertex", c=[1], lower=[2 ** 53 + 1], upper=[2 ** 60],
+                                                  min=1, max=1))
+
+
+def _mp_extremes(c, lo, hi, dps=60):
+    """(min, max) of c·softmax over the box by brute force over the 2^n vertices, at dps digits."""
+    import itertools
+
+    with mpmath.workdps(dps):
+        vals = []
+        for pick in itertools.product((0, 1), repeat=len(c)):
+            y = [mpmath.exp(mpmath.mpf(hi[i] if p else lo[i])) for i, p in enumerate(pick)]
+            vals.append(mpmath.fsum(mpmath.mpf(ci) * yi for ci, yi in zip(c, y)) / mpmath.fsum(y))
+        return min(vals), max(vals)
+
+
+def _frac(x: mpmath.mpf) -> Fraction:
+    m, e = mpmath.mpf(x).man_exp  # man_exp drops the sign
+    return (-1 if x < 0 else 1) * Fraction(m) * Fraction(2) ** e
+
+
+_coef = st.one_of(st.integers(-2 ** 70, 2 ** 70), st.floats(-1e6, 1e6, allow_nan=False),
+                  st.floats(-1e-30, 1e-30, allow_nan=False))
+_score = st.floats(-700, 700, allow_nan=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_coef, _score, st.floats(0, 30, allow_nan=False)), min_size=1, max_size=5))
+def test_vertex_decision_matches_brute_force_at_60_digits(rows):
+    # the claim V = exact max ± a relative 1e-40 (well above the 60-digit error, far below float64)
+    c = [r[0] for r in rows]
+    lo = [r[1] for r in rows]
+    hi = [r[1] + r[2] for r in rows]
+    with mpmath.workdps(60):
+        vmin, vmax = _mp_extremes(c, lo, hi)
+        spread = max(abs(mpmath.mpf(ci)) for ci in c) or mpmath.mpf(1)
+        d = spread * mpmath.mpf(10) ** -40
+        assert check.vertex_claim_holds(c, lo, hi, _frac(vmax + d), "upper")
+        assert check.vertex_claim_holds(c, lo, hi, _frac(vmin - d), "lower")
+        if vmax - vmin > 4 * d:  # not a constant function: a claim just inside is refuted
+            assert not check.vertex_claim_holds(c, lo, hi, _frac(vmax - d), "upper")
+            assert not check.vertex_claim_holds(c, lo, hi, _frac(vmin + d), "lower")
+
+
+def test_vertex_decision_exact_ties_and_masks():
+    # c constant: f = c exactly, so V = c holds both ways (merged coefficients are all zero)
+    assert check.vertex_claim_holds([3, 3], [0.0, -1.0], [1.0, 2.0], 3, "upper")
+    assert check.vertex_claim_holds([3, 3], [0.0, -1.0], [1.0, 2.0], 3, "lower")
+    # equal exponents merge: c = (1, -1) on a point box with equal scores gives 0 exactly
+    assert check.vertex_claim_holds([1, -1], [0.5, 0.5], [0.5, 0.5], 0, "upper")
+    assert not check.vertex_claim_holds([1, -1], [0.5, 0.5], [0.5, 0.5], Fraction(-1, 10 ** 30), "upper")
+    # a masked key takes no mass
+    assert check.vertex_claim_holds([5, 1], [-math.inf, 0.0], [-math.inf, 0.0], 1, "upper")
+    # cancellation below 2^-1074: e^0 - e^(2^-1074) needs ~1100 bits to decide
+    tiny = 5e-324
+    assert check.vertex_claim_holds([1, 0], [0.0, tiny], [0.0, tiny], Fraction(1, 2), "upper")
+    assert not check.vertex_claim_holds([1, 0], [0.0, tiny], [0.0, tiny], Fraction(1, 2), "lower")

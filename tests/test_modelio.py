@@ -67,3 +67,82 @@ def test_unknown_name_and_unreadable_file(tmp_path):
     p.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="cannot read"):
         modelio.load_model(str(p))
+
+
+# ----------------------------------------------------------------------------- --data
+def _own_model(tmp_path, image=(1, 12, 12)):
+    from certify.models import ViT
+
+    torch.manual_seed(0)
+    m = ViT(image=image, patch=4, dim=8, heads=2, mlp=16, depth=1, classes=3).eval()
+    p = tmp_path / "own.pt"
+    torch.save({"config": m.config, "state_dict": m.state_dict()}, p)
+    return m, p
+
+
+def _xy(n=4, image=(1, 12, 12)):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.random((n,) + image).astype(np.float32), rng.integers(0, 3, n).astype(np.int64)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "pt-dict", "pt-tuple", "npz-hw"])
+def test_own_test_set_any_image_shape(tmp_path, fmt):
+    import numpy as np
+
+    m, ckpt = _own_model(tmp_path)
+    x, y = _xy()
+    p = tmp_path / f"data.{fmt[:3].rstrip('-')}"
+    if fmt == "npz":
+        np.savez(p, x=x, y=y)
+    elif fmt == "npz-hw":  # greyscale without the channel axis
+        np.savez(p, x=x[:, 0], y=y)
+    elif fmt == "pt-dict":
+        torch.save({"x": torch.as_tensor(x), "y": torch.as_tensor(y)}, p)
+    else:
+        torch.save((torch.as_tensor(x), torch.as_tensor(y)), p)
+    m2, xte, yte, _ = modelio.load_model(str(ckpt), data=str(p))
+    assert xte.shape == (4, 1, 12, 12) and xte.dtype == torch.float32 and yte.tolist() == y.tolist()
+    assert (xte.numpy() == x).all()  # float32 in, float32 out: no conversion
+
+
+def test_no_bundled_data_points_to_data_option(tmp_path):
+    _, ckpt = _own_model(tmp_path)
+    with pytest.raises(ValueError, match="--data"):
+        modelio.load_model(str(ckpt))
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda x, y: dict(x=x), r"--data: .* no array 'y'"),
+    (lambda x, y: dict(x=(x * 255).astype("uint8"), y=y), r"--data: x has dtype uint8.*255"),
+    (lambda x, y: dict(x=x * 255, y=y), r"--data: x has values in \[.*\]; the model's input domain is \[0, 1\]"),
+    (lambda x, y: dict(x=x, y=y + 0.5), r"--data: y has dtype float.*integers"),
+    (lambda x, y: dict(x=x[:, :, :8], y=y), r"--data: x has shape \(4, 1, 8, 12\).*\(1, 12, 12\)"),
+    (lambda x, y: dict(x=x, y=y[:3]), r"--data: y has shape \(3,\)"),
+    (lambda x, y: dict(x=x, y=y + 3), r"--data: y has labels in \[\d, 5\].*3 classes"),
+    (lambda x, y: dict(x=x * float("nan"), y=y), r"--data: x has non-finite"),
+])
+def test_bad_test_set_is_named(tmp_path, edit, match):
+    import numpy as np
+
+    m, ckpt = _own_model(tmp_path)
+    p = tmp_path / "bad.npz"
+    np.savez(p, **edit(*_xy()))
+    with pytest.raises(ValueError, match=match):
+        modelio.load_model(str(ckpt), data=str(p))
+
+
+def test_bad_data_file_kinds(tmp_path):
+    _, ckpt = _own_model(tmp_path)
+    for name, body, match in (("d.csv", b"1,2", "expected a .pt or .npz"), ("d.pt", b"junk", "cannot read"),
+                              ("missing.npz", None, "no such file")):
+        p = tmp_path / name
+        if body is not None:
+            p.write_bytes(body)
+        with pytest.raises(ValueError, match=f"--data: .*{match}|--data: {match}"):
+            modelio.load_model(str(ckpt), data=str(p))
+    p = tmp_path / "list.pt"
+    torch.save([torch.zeros(1)], p)
+    with pytest.raises(ValueError, match="--data: .*expected a dict with keys 'x', 'y' or a tuple"):
+        modelio.load_model(str(ckpt), data=str(p))

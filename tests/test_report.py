@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import softcert_cli
-from softcert_cli import check
+from softcert_cli import checker, records
 from softcert_cli.report import TINY, QUICK
 
 
@@ -28,7 +28,7 @@ def test_report_folder_complete(tiny_report):
         assert f"{stem}.png" in names and f"{stem}.pdf" in names
     res = json.loads((tiny_report / "results.json").read_text())
     kinds = {r["kind"] for r in res["certificates"]}
-    assert kinds == {"vertex", "radius", "topk", "fp", "feedback"}  # every stage left proofs
+    assert kinds == {"verdict", "vertex", "radius", "topk", "fp", "feedback"}  # every stage left records
     assert {r["method"] for r in res["certify"]["rows"]} == set(TINY.methods)
     assert "minilm" in res["topk"] and res["topk"]["minilm_sequences"] == TINY.minilm_sentences
     assert all(all(v.values()) for v in res["appendix"].values())
@@ -55,7 +55,7 @@ def _tamper(res, kind, mutate):
     res = copy.deepcopy(res)
     rec = next(r for r in res["certificates"] if r["kind"] == kind)
     mutate(rec)
-    rec["sha256"] = check.digest(rec)  # a forger recomputes the digest: the math must catch it
+    rec["sha256"] = records.digest(rec)  # a forger recomputes the digest: the math must catch it
     return res, rec["id"]
 
 
@@ -73,7 +73,7 @@ def _tamper(res, kind, mutate):
 def test_tampered_certificate_fails_and_is_named(tiny_report, tmp_path, kind, mutate, capsys):
     res = json.loads((tiny_report / "results.json").read_text())
     bad, rid = _tamper(res, kind, mutate)
-    fails = check.check_results(bad)
+    fails = checker.check_results(bad)
     assert [f[0] for f in fails] == [rid], fails
     path = tmp_path / "results.json"
     path.write_text(json.dumps(bad))
@@ -85,7 +85,7 @@ def test_changed_number_without_new_digest_is_named(tiny_report):
     res = json.loads((tiny_report / "results.json").read_text())
     res["certificates"][0]["lower"][0] -= 1.0  # widening the box: still sound, but not what was reported
     res["certify"]["rows"][0]["certified_acc"] = 1.0
-    names = [f[0] for f in check.check_results(res)]
+    names = [f[0] for f in checker.check_results(res)]
     assert res["certificates"][0]["id"] in names and "section certify" in names
 
 
@@ -117,3 +117,190 @@ def test_figures_are_byte_stable(tiny_report, tmp_path, monkeypatch):
         names = render.figures(d, res)
         digests.append({n: (d / n).read_bytes() for ns in names.values() for n in ns})
     assert digests[0] == digests[1] and len(digests[0]) == 8
+
+
+# ----------------------------------------------------------------------------- tampering
+# A forger can recompute every unkeyed digest (records, sections, the sealed manifest), so each
+# tampering below is re-sealed the way a forger would and must still fail, naming what changed.
+def _results(tiny_report):
+    return json.loads((tiny_report / "results.json").read_text())
+
+
+def _reseal(res, *sections):
+    for name in sections:
+        res["digests"][name] = records.sha256(res[name])
+    res["manifest"] = records.sealed_manifest(res, res["certificates"])
+    return res
+
+
+def _failed(res):
+    return [f[0] for f in checker.check_results(res)]
+
+
+def test_report_checks_clean_and_records_every_verdict(tiny_report):
+    res = _results(tiny_report)
+    assert checker.check_results(res) == []
+    verdicts = [r for r in res["certificates"] if r["kind"] == "verdict"]
+    assert len(verdicts) == TINY.n_images * len(TINY.eps) * len(TINY.methods)
+    assert res["manifest"]["record_counts"] == records.record_counts(res["certificates"])
+
+
+@pytest.mark.parametrize("kind", ["verdict", "vertex", "radius", "topk", "fp", "feedback"])
+def test_deleted_record_fails(tiny_report, kind):
+    res = _results(tiny_report)
+    i = next(i for i, r in enumerate(res["certificates"]) if r["kind"] == kind)
+    del res["certificates"][i]
+    assert "manifest" in _failed(res)  # the sealed ids and counts no longer match
+    assert f"records {kind}" in _failed(_reseal(res))  # re-sealed: the settings imply one more
+
+
+def test_keeping_one_record_fails(tiny_report):
+    res = _results(tiny_report)
+    res["certificates"] = res["certificates"][:1]
+    names = _failed(_reseal(res))
+    assert {"records vertex", "records radius", "records topk", "records fp", "records feedback"} <= set(names)
+
+
+@pytest.mark.parametrize("section", ["certify", "radii", "topk", "fp", "feedback", "appendix"])
+def test_deleted_section_fails(tiny_report, section):
+    res = _results(tiny_report)
+    del res[section]
+    del res["digests"][section]
+    assert f"section {section}" in _failed(_reseal(res))
+
+
+def test_deleted_digest_table_and_manifest_fail(tiny_report):
+    res = _results(tiny_report)
+    del res["digests"]
+    assert "digests" in _failed(res)
+    res = _results(tiny_report)
+    del res["manifest"]
+    assert "manifest" in _failed(res)
+
+
+def _first(rows, **kw):
+    return next(r for r in rows if all(r[k] == v for k, v in kw.items()))
+
+
+@pytest.mark.parametrize("section,mutate,name", [
+    ("certify", lambda s: _first(s["rows"], method="ibp").update(certified_acc=1.0), "section certify row eps=0.02 method=ibp"),
+    ("certify", lambda s: _first(s["rows"], method="crown").update(certified_acc=0.5), "section certify row eps=0.02 method=crown"),
+    ("certify", lambda s: _first(s["rows"], method="crown").update(pgd_acc=0.5), "section certify row eps=0.02 method=crown"),
+    ("certify", lambda s: _first(s["rows"], method="vertex").update(
+        mean_lower_margin=_first(s["rows"], method="vertex")["mean_lower_margin"] * (1 + 1e-9)),
+     "section certify row eps=0.02 method=vertex"),
+    ("certify", lambda s: s.update(correct=s["correct"] - 1), "section certify"),
+    ("radii", lambda s: s.update(rho_batch_pi=s["rho_batch_pi"] * 2), "section radii"),
+    ("radii", lambda s: s.update(median_root=max(s["per_image_root"])), "section radii"),
+    ("radii", lambda s: s["exact"][0].update(exact=s["exact"][0]["exact"] * 1.5), "section radii"),
+    ("topk", lambda s: s["model"]["0.01"]["mean_k"][0].__setitem__(0, s["model"]["0.01"]["mean_k"][0][0] + 1),
+     "section topk/model/eps=0.01"),
+    ("topk", lambda s: s["minilm"]["0.01"]["proved_minimal"][0].__setitem__(0, 1.5), "section topk/minilm/eps=0.01"),
+    ("fp", lambda s: s["table"][0].update(rel_in_u=s["table"][0]["rel_in_u"] / 2), None),
+    ("fp", lambda s: s["table"][0].update(rel=s["table"][0]["rel"] / 2), None),
+    ("fp", lambda s: s["measured"][0].update(max_ratio=1.5), None),
+    ("feedback", lambda s: s["rows"][0].update(beta_star=s["rows"][0]["beta_star"] * 2), None),
+    ("feedback", lambda s: s["rows"][0].update(unique_at_1=not s["rows"][0]["unique_at_1"]), None),
+])
+def test_edited_table_number_with_recomputed_digest_fails(tiny_report, section, mutate, name):
+    res = _results(tiny_report)
+    mutate(res[section])
+    fails = checker.check_results(_reseal(res, section))
+    assert fails and all(f[0].startswith(f"section {section}") for f in fails), fails
+    assert name is None or name in [f[0] for f in fails], fails
+
+
+def test_all_certified_acc_set_to_one_fails(tiny_report, tmp_path, capsys):
+    res = _results(tiny_report)
+    for r in res["certify"]["rows"]:
+        r["certified_acc"] = 1.0
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_reseal(res, "certify")))
+    assert softcert_cli.main(["check", str(path), "--quiet"]) == 1
+    assert "section certify row eps=0.02 method=ibp: certified_acc = 1.0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("c,vmax", [([9007199254740993], 9007199254740992),
+                                    ([2 ** 53 + 4], 9007199254740995)])
+def test_forged_vertex_record_with_big_integers_fails(tiny_report, c, vmax):
+    res = _results(tiny_report)
+    rec = next(r for r in res["certificates"] if r["kind"] == "vertex")
+    rec.update(c=c, lower=[0.0], upper=[0.0], min=vmax, max=vmax)
+    rec["sha256"] = records.digest(rec)
+    fails = checker.check_results(_reseal(res))
+    assert [f[0] for f in fails] == [rec["id"]] and "refuted" in fails[0][1]
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda r: r.update(certified=True),  # an IBP verdict: negative lower margin
+    lambda r: r.update(certified=True, lower_margin=abs(r["pgd_margin"]) * 2),  # above what PGD reached
+    lambda r: r.update(pgd_counterexample=True),  # margin >= 0 recorded
+    lambda r: r.update(predicted=(r["label"] + 1) % 10, certified=True, lower_margin=1e-3),
+])
+def test_forged_verdict_record_fails(tiny_report, mutate):
+    res = _results(tiny_report)
+    rec = next(r for r in res["certificates"] if r["kind"] == "verdict" and r["method"] == "ibp")
+    mutate(rec)
+    rec["sha256"] = records.digest(rec)
+    assert _failed(_reseal(res)) == [rec["id"]]
+
+
+def test_verdicts_disagreeing_with_the_table_fail(tiny_report):
+    # a consistent forged verdict (certified, positive margin below PGD's) still changes the
+    # re-derived certified accuracy: the table must follow, or the section is named
+    res = _results(tiny_report)
+    rec = next(r for r in res["certificates"] if r["kind"] == "verdict" and r["method"] == "ibp")
+    rec.update(certified=True, lower_margin=min(1e-3, rec["pgd_margin"] / 2))
+    rec["sha256"] = records.digest(rec)
+    assert set(_failed(_reseal(res))) == {"section certify row eps=0.02 method=ibp"}
+
+
+# ----------------------------------------------------------------------------- --data
+def _own(tmp_path):
+    import numpy as np
+
+    from certify.models import ViT
+
+    torch.manual_seed(0)
+    m = ViT(image=(1, 12, 12), patch=4, dim=8, heads=2, mlp=16, depth=1, classes=3).eval()
+    ckpt = tmp_path / "own.pt"
+    torch.save({"config": m.config, "state_dict": m.state_dict()}, ckpt)
+    x = np.random.default_rng(0).random((3, 1, 12, 12)).astype(np.float32)
+    with torch.no_grad():
+        y = m(torch.as_tensor(x)).argmax(1).numpy()
+    y[1] = (y[1] + 1) % 3  # one misclassified image: not verified, never certified
+    data = tmp_path / "data.npz"
+    np.savez(data, x=x, y=y)
+    return m, ckpt, data
+
+
+def test_certify_stage_on_own_data_gives_checkable_verdicts(tmp_path):
+    from dataclasses import replace
+
+    from softcert_cli import modelio, report
+
+    _, ckpt, data = _own(tmp_path)
+    model, x, y, _ = modelio.load_model(str(ckpt), data=str(data))
+    st = replace(TINY, n_images=3, methods=("ibp", "crown"), vertex_rows=1)
+    recs: list = []
+    sec = report.stage_certify(model, x, y, st, recs)
+    verdicts = [r for r in recs if r["kind"] == "verdict"]
+    assert len(verdicts) == 3 * len(st.methods) and [r for r in recs if r["kind"] == "vertex"]
+    assert all(checker.check_record(r) is None for r in recs)
+    mis = [r for r in verdicts if r["image"] == 1]
+    assert all(r["lower_margin"] is None and not r["certified"] and r["pgd_margin"] is None for r in mis)
+    settings = {"n_images": st.n_images, "eps": list(st.eps), "methods": list(st.methods)}
+    assert checker.check_certify_section(sec, verdicts, settings) == []
+    assert all(r["clean_acc"] == 2 / 3 for r in sec["rows"])
+
+
+def test_report_data_option_errors_name_it(tmp_path, capsys):
+    import numpy as np
+
+    _, ckpt, data = _own(tmp_path)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.zeros((2, 1, 12, 12), np.float32), y=np.array([0.0, 1.0]))
+    assert softcert_cli.main(["report", "--tiny", "--model", str(ckpt), "--data", str(bad), "--out", str(tmp_path)]) == 2
+    assert "--data: y has dtype float64; labels must be integers" in capsys.readouterr().err
+    assert softcert_cli.main(["report", "--tiny", "--model", str(ckpt), "--out", str(tmp_path)]) == 2
+    assert "pass your own test set with --data" in capsys.readouterr().err
