@@ -5,9 +5,11 @@ Submodules are the public API (``analysis.ghosts``, ``analysis.topk`` ...); the 
 names are re-exported here.
 """
 from analysis.ghosts import (
+    RadiusNotVerified,
     RadiusResult,
     batch_radius,
     binary_radius,
+    count_zeros,
     pi_radius_batch,
     radius_exact,
     radius_lower_bound,
@@ -31,8 +33,8 @@ from analysis.topk import (
 )
 
 __all__ = [
-    "OutputErrorBound", "RadiusResult", "SafeStep", "SafeStepController", "SafeStepState",
-    "TopKCertificate", "batch_radius", "binary_radius", "blockwise_bound", "certified_k",
+    "OutputErrorBound", "RadiusNotVerified", "RadiusResult", "SafeStep", "SafeStepController", "SafeStepState",
+    "TopKCertificate", "batch_radius", "binary_radius", "blockwise_bound", "certified_k", "count_zeros",
     "certify_topk", "gap_bound", "gaussian_k_fraction", "gaussian_rule_check",
     "key_block_score_bounds", "logit_slopes", "multi_gap_bound", "output_error_bound",
     "pi_radius_batch", "radius_exact", "radius_lower_bound", "radius_lower_bound_batch",

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from scipy.special import ndtr, ndtri
 
-from bounds._box import as_float64, validate_scores
+from bounds.box import as_float64, validate_scores
 from kernels import topk as ktopk
 from kernels.floating import EXP_ABS, SUBNORMAL_ULP, RHO_WEIGHT, U64, gamma
 
