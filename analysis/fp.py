@@ -422,7 +422,6 @@ def error_bound(
     # underflow: every exp term (n), every rescale exp times a running sum <= n P_hi, and one
     # subnormal product per step; all of it measured against Z >= 1.
     eta_S = P_hi * (n * eta_e + steps * (n * P_hi * eta_e + q))
-    S_hi = math.exp(u * L) * P_hi + eta_S
     S_lo = math.exp(-u * L) * P_lo - eta_S
     if S_lo <= 0:
         return ErrorBound(n, algorithm, dtype, block if algorithm == "blocked" else None,

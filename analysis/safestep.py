@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
-from torch import nn
 import torch.autograd.forward_ad as fwAD
+from torch import nn
 from torch.func import functional_call
 
 from analysis.ghosts import pi_radius_batch, radius_lower_bound_batch

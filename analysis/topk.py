@@ -49,7 +49,7 @@ from scipy.special import ndtr, ndtri
 
 from bounds.box import as_float64, validate_scores
 from kernels import topk as ktopk
-from kernels.floating import EXP_ABS, SUBNORMAL_ULP, RHO_WEIGHT, U64, gamma
+from kernels.floating import EXP_ABS, RHO_WEIGHT, SUBNORMAL_ULP, U64, gamma
 
 BACKENDS = ("auto", "torch", "numba")
 METHOD = "sorted tail sums, outward rounded"

@@ -77,8 +77,9 @@ def load(patch_reducemax: bool = True):
         if "auto_LiRPA" in str(exc):
             raise ImportError(f"auto_LiRPA is not installed: run `{INSTALL_HINT}`") from exc
         raise
-    from auto_LiRPA import bound_general
     import importlib
+
+    from auto_LiRPA import bound_general
 
     reduce = importlib.import_module("auto_LiRPA.operators.reduce")
 

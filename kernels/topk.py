@@ -29,7 +29,7 @@ import numba
 import numpy as np
 import torch
 
-from kernels.floating import EXP_ABS, SUBNORMAL_ULP, RHO_WEIGHT, U64, gamma
+from kernels.floating import EXP_ABS, RHO_WEIGHT, SUBNORMAL_ULP, U64, gamma
 
 ROUNDING_MODES = {"nearest": 0, "up": 1, "down": 2}
 

@@ -33,8 +33,9 @@ def test_binary_radius_object_matches_numeric(ders):
 
 
 def test_tv_kl_numeric(ders, rng):
-    from analysis import topk
     import torch
+
+    from analysis import topk
 
     s = torch.as_tensor(rng.standard_normal(20))
     for k in (1, 5, 19):

@@ -13,7 +13,7 @@ def test_adjoints_are_transposes():
             layer_norm=True, pool="cls").double()
     g = build_graph(m)
     B, S = 2, 3
-    for i, node in enumerate(g.nodes):
+    for node in g.nodes:
         if node.operator.kind != "affine" or node.operator.arity != 1:  # input, add, nonlinear
             continue
         x = torch.randn(B, *g.nodes[node.inputs[0]].shape, dtype=torch.float64)

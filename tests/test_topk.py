@@ -160,7 +160,7 @@ def test_single_gap_formula_value():
 
 def test_blockwise_from_key_blocks_dominates_exact(rng):
     # 8 blocks of 16 keys; block score bounds [min, max] widened; head = 3 best blocks by upper
-    for trial in range(20):
+    for _ in range(20):
         s = rng.standard_normal(128) * 2 + np.repeat(rng.standard_normal(8) * 3, 16)
         blocks = s.reshape(8, 16)
         lo = blocks.min(1) - rng.random(8) * 0.1
@@ -177,7 +177,7 @@ def test_blockwise_from_key_blocks_dominates_exact(rng):
 
 def test_key_block_bounds_enclose_scores_and_certify(rng):
     d, n, bs = 16, 64, 8
-    for trial in range(10):
+    for _ in range(10):
         centres = np.repeat(rng.standard_normal((n // bs, d)) * 2, bs, axis=0)
         K = centres + rng.standard_normal((n, d)) * 0.2
         q = rng.standard_normal(d)
