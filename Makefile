@@ -32,7 +32,8 @@ report-full: $(STAMP)
 # another summation order): tests must hold within the proven rounding error on any CPU.
 GENERIC_CPU := ATEN_CPU_CAPABILITY=default NUMBA_CPU_NAME=generic
 CPU_SENSITIVE := tests/test_kernels_vertex.py tests/test_kernels_topk.py tests/test_vertex.py \
-	tests/test_topk.py tests/test_interval.py tests/test_fp_rows.py tests/test_floating.py
+	tests/test_topk.py tests/test_interval.py tests/test_fp_rows.py tests/test_floating.py \
+	tests/test_certificate.py
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
