@@ -91,3 +91,10 @@ def test_train_writes_a_checkpoint_zoo_can_read(tmp_path, monkeypatch, capsys):
     assert ckpt["dataset"] == "digits" and ckpt["config"]["image"] == [1, 8, 8]
     model = ViT(**dict(ckpt["config"], image=tuple(ckpt["config"]["image"])))
     model.load_state_dict(ckpt["state_dict"])  # the layout zoo.load expects
+
+
+def test_certify_unknown_method_message_lists_names_not_a_mapping(tmp_path, capsys):
+    assert softcert_cli.main(["certify", "--methods", "crown", "magic", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--methods" in err and "'magic'" in err and "mappingproxy" not in err
+    assert "ibp, crown, alpha-crown, vertex" in err
