@@ -1,7 +1,7 @@
 """analysis.ghosts at its edges (issue 10): tied, nearly tied and all-equal slopes, huge and
 tiny scales, and verified exact radii. Every true value comes from an independent oracle:
 the polynomial roots of F (integer slopes) in mpmath at 60+ digits, the binary closed form
-in mpmath, or the report checker's own zero counter (softcert_cli/check.py)."""
+in mpmath, or the report checker's own zero counter (softcert_cli/checker.py)."""
 from __future__ import annotations
 
 import math
@@ -20,7 +20,7 @@ from analysis.ghosts import (
     radius_lower_bound,
     radius_lower_bound_batch,
 )
-from softcert_cli import check
+from softcert_cli import checker as check
 
 METHODS = ("pi", "closed", "root")
 

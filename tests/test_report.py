@@ -9,7 +9,7 @@ import torch
 
 import softcert_cli
 from softcert_cli import checker, records
-from softcert_cli.report import TINY, QUICK
+from softcert_cli.commands.report import TINY, QUICK
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +277,8 @@ def _own(tmp_path):
 def test_certify_stage_on_own_data_gives_checkable_verdicts(tmp_path):
     from dataclasses import replace
 
-    from softcert_cli import modelio, report
+    from softcert_cli import modelio
+    from softcert_cli.commands import report
 
     _, ckpt, data = _own(tmp_path)
     model, x, y, _ = modelio.load_model(str(ckpt), data=str(data))
@@ -312,7 +313,8 @@ def test_unverified_exact_radius_is_recorded_without_a_claim(tmp_path, monkeypat
     from dataclasses import replace
 
     from analysis import RadiusNotVerified, ghosts
-    from softcert_cli import modelio, report
+    from softcert_cli import modelio
+    from softcert_cli.commands import report
 
     def unresolved(z, a, *args, **kwargs):
         raise RadiusNotVerified("count_zeros: unresolved (simulated extreme input)")
