@@ -98,3 +98,29 @@ def test_certify_unknown_method_message_lists_names_not_a_mapping(tmp_path, caps
     err = capsys.readouterr().err
     assert "--methods" in err and "'magic'" in err and "mappingproxy" not in err
     assert "ibp, crown, alpha-crown, vertex" in err
+
+
+def test_topk_bench_compares_backends_within_what_is_proven():
+    """The benchmark's cross-check uses both backends explicitly and rejects contradictions."""
+    from dataclasses import replace
+
+    import torch
+
+    from analysis import topk
+    from softcert_cli.commands.topk_bench import disagreement
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(64, 32, generator=g, dtype=torch.float64) * 2.0
+    s[::8, 24:] = float("-inf")
+    a = topk.certify_topk(s, 0.01, backend="numba")
+    b = topk.certify_topk(s, 0.01, backend="torch")
+    assert "numba" in a.method and "torch" in b.method
+    assert disagreement(a, b) is None and disagreement(b, a) is None
+    proved = torch.nonzero(a.minimal_proved & b.minimal_proved).flatten()
+    assert len(proved) > 0
+    k = b.k.clone()
+    k[proved[0]] += 1  # a larger k is still certified, but contradicts a proved minimum
+    assert "minimality" in disagreement(a, replace(b, k=k))
+    up = b.tail_upper.clone()
+    up[0] = 0.5  # a k whose own tail bound exceeds eps is not a certificate
+    assert "does not certify" in disagreement(a, replace(b, tail_upper=up))
