@@ -124,3 +124,37 @@ def test_topk_bench_compares_backends_within_what_is_proven():
     up = b.tail_upper.clone()
     up[0] = 0.5  # a k whose own tail bound exceeds eps is not a certificate
     assert "does not certify" in disagreement(a, replace(b, tail_upper=up))
+
+
+def test_ghosts_split_is_the_torch_permutation_of_certify_digits():
+    """One digits loader: the ghosts split (a quarter held out by torch.randperm) comes from
+    certify.data.digits, and selects exactly the images and labels sklearn gives at those indices."""
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+
+    from certify.data import digits
+    from softcert_cli.commands.ghosts import GHOSTS_TEST, load_digits_split
+
+    d = load_digits()
+    for seed in (0, 3):
+        xtr, ytr, xte, yte = load_digits_split(seed)
+        perm = torch.randperm(len(d.target), generator=torch.Generator().manual_seed(seed)).numpy()
+        assert GHOSTS_TEST == 449 and xte.shape == (449, 64) and xtr.shape == (1797 - 449, 64)
+        assert xte.dtype == torch.float32 and yte.dtype == torch.int64
+        assert np.array_equal(yte.numpy(), d.target[perm[:449]]) and np.array_equal(ytr.numpy(), d.target[perm[449:]])
+        assert np.array_equal(xte.numpy() * 16, d.data[perm[:449]])  # /16 and *16 are exact
+    # the default split (the zoo's) is unchanged: numpy permutation, 360 test images, (1, 8, 8)
+    xtr, ytr, xte, yte = digits()
+    perm = np.random.default_rng(0).permutation(len(d.target))
+    assert xte.shape == (360, 1, 8, 8) and np.array_equal(yte.numpy(), d.target[perm[:360]])
+
+
+@pytest.mark.parametrize("kwargs, name", [({"split": "jax"}, "split"), ({"n_test": 0}, "n_test"),
+                                          ({"n_test": 1797}, "n_test"), ({"seed": -1}, "seed"),
+                                          ({"flat": 1}, "flat")])
+def test_digits_rejects_bad_options_by_name(kwargs, name):
+    from certify.data import digits
+
+    with pytest.raises(ValueError, match=name):
+        digits(**kwargs)
