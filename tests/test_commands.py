@@ -158,3 +158,14 @@ def test_digits_rejects_bad_options_by_name(kwargs, name):
 
     with pytest.raises(ValueError, match=name):
         digits(**kwargs)
+
+
+def test_extract_attention_reports_progress_through_a_callback():
+    from analysis import attention
+
+    calls = []
+    at = attention.extract_attention(sentences=["The cat sat.", "A dog ran far.", "Hi."], max_length=16,
+                                     batch_size=2, progress=calls.append)
+    assert len(at.scores) == 3 and calls == [1, 1]  # one call per batch of two
+    with pytest.raises(ValueError, match="progress"):
+        attention.extract_attention(sentences=["x y"], progress=True)
