@@ -9,7 +9,7 @@ import torch
 
 import softcert_cli
 from softcert_cli import checker, records
-from softcert_cli.commands.report import TINY, QUICK
+from softcert_cli.commands.report import QUICK, TINY
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -160,11 +159,10 @@ def _vertex_records(model, xb, eps, n_rows, rng, records):
     The score and value boxes are read from ``certify.crown.propagate``'s state: certify has no
     public call that returns a layer's intermediate bounds.
     """
+    from bounds import vertex_softmax
     from certify import crown
     from certify.graph import build_graph
     from certify.spec import input_box
-
-    from bounds import vertex_softmax
 
     m64 = copy.deepcopy(model).double().eval()
     g = build_graph(m64)
