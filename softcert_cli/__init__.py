@@ -1,7 +1,8 @@
 """``softcert <subcommand>``: the command-line entry point.
 
-Each subcommand is one module of softcert_cli.commands (the report and the checker are
-softcert_cli.report and softcert_cli.check); this file only maps names to modules, which
+Each subcommand is one module of softcert_cli.commands (``report`` and ``check`` included;
+the record format and the checker they share are softcert_cli.records and
+softcert_cli.checker); this file only maps names to modules, which
 expose ``configure(parser)`` and ``run(args) -> int``. Modules are imported lazily so that
 ``softcert --help`` stays fast and a missing optional dependency only affects its own
 subcommand.
@@ -24,8 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "stability": ("softcert_cli.commands.stability", "softmax feedback stability thresholds and sharpness demos"),
     "certify": ("softcert_cli.commands.certify", "certified accuracy of zoo attention models (IBP/CROWN/Vertex/auto_LiRPA)"),
     "train": ("softcert_cli.commands.train", "retrain the model zoo checkpoints (certify/zoo/*.pt) from their recipes"),
-    "report": ("softcert_cli.report", "one command from a model to a checked report folder (md, tex, figures, JSON)"),
-    "check": ("softcert_cli.check", "re-check every certificate of a report's results.json independently"),
+    "report": ("softcert_cli.commands.report", "one command from a model to a checked report folder (md, tex, figures, JSON)"),
+    "check": ("softcert_cli.commands.check", "re-check every certificate of a report's results.json independently"),
 }
 
 

@@ -1,12 +1,10 @@
 """Write a report folder: results.json, manifest.json, figures (PNG + PDF), report.md, report.tex.
 
-Figures are byte-stable: matplotlib Agg, fixed DPI, PNG without a Software/date chunk, PDF
-with CreationDate from SOURCE_DATE_EPOCH (or none) and a fixed Producer.
+Figures are byte-stable through ``softcert_cli.common.save_figure`` (matplotlib Agg, 110 dpi, PNG
+without a Software/date chunk, PDF with CreationDate from SOURCE_DATE_EPOCH or none).
 """
 from __future__ import annotations
 
-import datetime
-import json
 import math
 import os
 import platform
@@ -18,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+import certify
+from softcert_cli import common
 from softcert_cli import records as record_format
 
 PACKAGES = ("torch", "numpy", "scipy", "numba", "sympy", "mpmath", "z3-solver", "matplotlib",
@@ -25,34 +25,14 @@ PACKAGES = ("torch", "numpy", "scipy", "numba", "sympy", "mpmath", "z3-solver", 
 SECTIONS = record_format.SECTIONS
 
 
-def _fig_meta(fmt):
-    if fmt == "png":
-        return {"Software": None}
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    date = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch else None)
-    return {"Creator": "softcert report", "Producer": "matplotlib (softcert)", "CreationDate": date}
-
-
 def save_figure(fig, out: Path, stem: str) -> list[str]:
-    """Lay out, write PNG and PDF (reproducible metadata), and close the figure."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    names = []
-    for fmt in ("png", "pdf"):
-        fig.savefig(out / f"{stem}.{fmt}", dpi=110, metadata=_fig_meta(fmt))
-        names.append(f"{stem}.{fmt}")
-    plt.close(fig)
-    return names
+    """``out/stem`` as PNG and PDF at 110 dpi (``softcert_cli.common.save_figure``)."""
+    return common.save_figure(fig, out / f"{stem}.png", dpi=110, formats=("png", "pdf"))
 
 
 def figures(out: Path, res: dict) -> dict:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"svg.hashsalt": "softcert", "font.size": 8})
+    plt = common.pyplot()
+    plt.rcParams.update({"font.size": 8})
     figs = {}
     # certified accuracy vs eps
     rows = res["certify"]["rows"]
@@ -72,7 +52,7 @@ def figures(out: Path, res: dict) -> dict:
     bins = np.logspace(math.log10(max(1e-6, min(rd["per_image_pi"]))), math.log10(max(rd["per_image_root"]) * 1.01), 30)
     ax.hist(rd["per_image_pi"], bins=bins, alpha=0.6, label="π/Δ_a")
     ax.hist(rd["per_image_root"], bins=bins, alpha=0.6, label="root bound")
-    ex = [e["exact"] for e in rd["exact"]]
+    ex = [e["exact"] for e in rd["exact"] if e["exact"] is not None]
     ax.plot(ex, [0.5] * len(ex), "kx", label="exact (argument principle)")
     ax.set_xscale("log")
     ax.set_xlabel("Taylor radius along −∇L (parameter distance)")
@@ -228,7 +208,7 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
     T = tables(res)
     n_kind = record_format.record_counts(records)
     results = record_format.assemble(res, records, cmd)
-    (out / "results.json").write_text(json.dumps(results, indent=1, allow_nan=True))
+    common.write_json(out / "results.json", results)
     m = res["model"]
     intro = (f"Model: `{m['spec']}` ({m['parameters']} parameters, config {m['config']}); settings: "
              f"{st.mode}. Certificates: {len(records)} records "
@@ -238,8 +218,9 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
     md = ["# softcert report", "", f"Regenerate: `{cmd}`; re-check: `softcert check {out}/results.json`.", "",
           intro, "",
           "## 1. Certified robustness", "",
-          f"Methods from `certify.verify`: {', '.join(st.methods)} (vertex = CROWN with Vertex-Softmax inside; "
-          "lirpa-* = auto_LiRPA 0.3). PGD (40 steps x 2 restarts) gives the upper bound; every run is checked against PGD. "
+          "Methods (`certify.METHODS`), run by `certify.evaluate`:", "",
+          *[f"- {m}: {certify.METHODS[m].description}" for m in st.methods], "",
+          "PGD (40 steps x 2 restarts) gives the upper bound; every run is checked against PGD. "
           "Each image has a verdict record per eps and method (label, prediction, certified, lower margin, PGD "
           "margin), from which `softcert check` re-derives this table. The Vertex-Softmax records hold a "
           "score box, coefficients c and the bound of c·softmax(s) for sampled attention rows.", "",
@@ -264,7 +245,10 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
           "no PGD margin lies below a certified bound); the run aborts otherwise.",
           "- Radii: the root/pi columns are rigorous lower bounds (rounded down); the exact radius is the modulus "
           "of the nearest zero of F(t) = Σ exp(z_k + a_k t) (argument principle + mpmath); the top-2 column is "
-          "an estimate that can exceed the exact radius and is never used as a bound.",
+          "an estimate that can exceed the exact radius and is never used as a bound. "
+          "An exact radius shown as – was not verified (analysis.RadiusNotVerified: the zero count did not resolve); "
+          "only its lower bounds are claimed"
+          + "".join(f"; image {e['index']}: {e['note']}" for e in rd["exact"] if e.get("note")) + ".",
           f"- FP bounds: analysis.fp rounds its constants up by a relative 2^-40, which does not cover the float64 "
           f"cancellation in B⁺ - 1 (its rel fell up to ~6e-12 relative below the 40-digit value of the same formula); "
           f"the report states them widened by a relative {res['fp']['widen']:g}, and `softcert check` re-evaluates "
@@ -278,7 +262,7 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
           "## Wall time per stage (s)", "",
           md_table(["stage", "seconds"], [[k, f"{v:.1f}"] for k, v in timer.stages.items()]), "",
           appendix.render_markdown(ders)]
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    common.write_markdown(out / "report.md", md)
     tex = [r"\documentclass[10pt]{article}", r"\usepackage[margin=2cm]{geometry}", r"\usepackage{booktabs}",
            r"\usepackage{graphicx}", r"\usepackage{amsmath,amssymb}", r"\usepackage[T1]{fontenc}",
            r"\usepackage[utf8]{inputenc}", r"\title{softcert report}", r"\date{}", r"\begin{document}", r"\maketitle",
@@ -291,7 +275,7 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
             tex += [r"\begin{figure}[htbp]\centering", rf"\includegraphics[width=0.6\linewidth]{{{fig}.pdf}}",
                     rf"\caption{{{key}}}", r"\end{figure}"]
     tex += [r"\clearpage", appendix.render_latex(ders), r"\end{document}"]
-    (out / "report.tex").write_text("\n".join(tex) + "\n")
+    common.write_markdown(out / "report.tex", tex)  # a line writer: LaTeX lines as well
     note = None
     if shutil.which("pdflatex"):
         for _ in range(2):
@@ -304,4 +288,4 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
     man = manifest(res, cmd, timer, time.perf_counter() - t_all, st)
     man["pdflatex"] = note
     man["figures"] = figs
-    (out / "manifest.json").write_text(json.dumps(man, indent=1))
+    common.write_json(out / "manifest.json", man)

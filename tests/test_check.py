@@ -97,7 +97,8 @@ def test_malformed_results_fail(bad):
 from fractions import Fraction  # noqa: E402
 
 import mpmath  # noqa: E402
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 
 @pytest.mark.parametrize("c,vmax", [([9007199254740993], 9007199254740992),

@@ -91,3 +91,81 @@ def test_train_writes_a_checkpoint_zoo_can_read(tmp_path, monkeypatch, capsys):
     assert ckpt["dataset"] == "digits" and ckpt["config"]["image"] == [1, 8, 8]
     model = ViT(**dict(ckpt["config"], image=tuple(ckpt["config"]["image"])))
     model.load_state_dict(ckpt["state_dict"])  # the layout zoo.load expects
+
+
+def test_certify_unknown_method_message_lists_names_not_a_mapping(tmp_path, capsys):
+    assert softcert_cli.main(["certify", "--methods", "crown", "magic", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--methods" in err and "'magic'" in err and "mappingproxy" not in err
+    assert "ibp, crown, alpha-crown, vertex" in err
+
+
+def test_topk_bench_compares_backends_within_what_is_proven():
+    """The benchmark's cross-check uses both backends explicitly and rejects contradictions."""
+    from dataclasses import replace
+
+    import torch
+
+    from analysis import topk
+    from softcert_cli.commands.topk_bench import disagreement
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(64, 32, generator=g, dtype=torch.float64) * 2.0
+    s[::8, 24:] = float("-inf")
+    a = topk.certify_topk(s, 0.01, backend="numba")
+    b = topk.certify_topk(s, 0.01, backend="torch")
+    assert "numba" in a.method and "torch" in b.method
+    assert disagreement(a, b) is None and disagreement(b, a) is None
+    proved = torch.nonzero(a.minimal_proved & b.minimal_proved).flatten()
+    assert len(proved) > 0
+    k = b.k.clone()
+    k[proved[0]] += 1  # a larger k is still certified, but contradicts a proved minimum
+    assert "minimality" in disagreement(a, replace(b, k=k))
+    up = b.tail_upper.clone()
+    up[0] = 0.5  # a k whose own tail bound exceeds eps is not a certificate
+    assert "does not certify" in disagreement(a, replace(b, tail_upper=up))
+
+
+def test_ghosts_split_is_the_torch_permutation_of_certify_digits():
+    """One digits loader: the ghosts split (a quarter held out by torch.randperm) comes from
+    certify.data.digits, and selects exactly the images and labels sklearn gives at those indices."""
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+
+    from certify.data import digits
+    from softcert_cli.commands.ghosts import GHOSTS_TEST, load_digits_split
+
+    d = load_digits()
+    for seed in (0, 3):
+        xtr, ytr, xte, yte = load_digits_split(seed)
+        perm = torch.randperm(len(d.target), generator=torch.Generator().manual_seed(seed)).numpy()
+        assert GHOSTS_TEST == 449 and xte.shape == (449, 64) and xtr.shape == (1797 - 449, 64)
+        assert xte.dtype == torch.float32 and yte.dtype == torch.int64
+        assert np.array_equal(yte.numpy(), d.target[perm[:449]]) and np.array_equal(ytr.numpy(), d.target[perm[449:]])
+        assert np.array_equal(xte.numpy() * 16, d.data[perm[:449]])  # /16 and *16 are exact
+    # the default split (the zoo's) is unchanged: numpy permutation, 360 test images, (1, 8, 8)
+    xtr, ytr, xte, yte = digits()
+    perm = np.random.default_rng(0).permutation(len(d.target))
+    assert xte.shape == (360, 1, 8, 8) and np.array_equal(yte.numpy(), d.target[perm[:360]])
+
+
+@pytest.mark.parametrize("kwargs, name", [({"split": "jax"}, "split"), ({"n_test": 0}, "n_test"),
+                                          ({"n_test": 1797}, "n_test"), ({"seed": -1}, "seed"),
+                                          ({"flat": 1}, "flat")])
+def test_digits_rejects_bad_options_by_name(kwargs, name):
+    from certify.data import digits
+
+    with pytest.raises(ValueError, match=name):
+        digits(**kwargs)
+
+
+def test_extract_attention_reports_progress_through_a_callback():
+    from analysis import attention
+
+    calls = []
+    at = attention.extract_attention(sentences=["The cat sat.", "A dog ran far.", "Hi."], max_length=16,
+                                     batch_size=2, progress=calls.append)
+    assert len(at.scores) == 3 and calls == [1, 1]  # one call per batch of two
+    with pytest.raises(ValueError, match="progress"):
+        attention.extract_attention(sentences=["x y"], progress=True)

@@ -9,7 +9,7 @@ import torch
 
 import softcert_cli
 from softcert_cli import checker, records
-from softcert_cli.report import TINY, QUICK
+from softcert_cli.commands.report import QUICK, TINY
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_report_folder_complete(tiny_report):
     tex = (tiny_report / "report.tex").read_text()
     assert r"\toprule" in tex and r"\includegraphics" in tex and r"\section*{Appendix" in tex
     md = (tiny_report / "report.md").read_text()
-    assert "Regenerate: `softcert report --out" in md and "--tiny`" in md  # numbers beside their command
+    assert "Regenerate: `softcert report --tiny --out" in md  # numbers beside their command (as typed)
 
 
 def test_quick_settings_run_every_stage_with_more_work():
@@ -277,7 +277,8 @@ def _own(tmp_path):
 def test_certify_stage_on_own_data_gives_checkable_verdicts(tmp_path):
     from dataclasses import replace
 
-    from softcert_cli import modelio, report
+    from softcert_cli import modelio
+    from softcert_cli.commands import report
 
     _, ckpt, data = _own(tmp_path)
     model, x, y, _ = modelio.load_model(str(ckpt), data=str(data))
@@ -304,3 +305,30 @@ def test_report_data_option_errors_name_it(tmp_path, capsys):
     assert "--data: y has dtype float64; labels must be integers" in capsys.readouterr().err
     assert softcert_cli.main(["report", "--tiny", "--model", str(ckpt), "--out", str(tmp_path)]) == 2
     assert "pass your own test set with --data" in capsys.readouterr().err
+
+
+def test_unverified_exact_radius_is_recorded_without_a_claim(tmp_path, monkeypatch):
+    """radius_exact may raise RadiusNotVerified on extreme inputs: the report keeps the lower
+    bound, claims no exact radius for that image, and its records still check."""
+    from dataclasses import replace
+
+    from analysis import RadiusNotVerified, ghosts
+    from softcert_cli import modelio
+    from softcert_cli.commands import report
+
+    def unresolved(z, a, *args, **kwargs):
+        raise RadiusNotVerified("count_zeros: unresolved (simulated extreme input)")
+
+    monkeypatch.setattr(ghosts, "radius_exact", unresolved)
+    _, ckpt, data = _own(tmp_path)
+    model, x, y, _ = modelio.load_model(str(ckpt), data=str(data))
+    st = replace(TINY, radius_images=3, exact_radii=2)
+    recs: list = []
+    sec = report.stage_radii(model, x, y, st, recs)
+    assert len(recs) == 2 and all(r["exact"] is None and r["zero"] is None and "not verified" in r["note"]
+                                  for r in recs)
+    assert all(e["exact"] is None and e["lower_root"] > 0 for e in sec["exact"])
+    assert all(checker.check_record(r) is None for r in recs)
+    by_id = {r["id"]: r for r in recs}
+    settings = {"radius_images": st.radius_images, "exact_radii": st.exact_radii}
+    assert checker.check_radii_section(sec, by_id, frozenset(), settings) == []

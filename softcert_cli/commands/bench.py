@@ -7,6 +7,7 @@ measured in the same run, same threads, median of ``repeats`` timings after a wa
 from __future__ import annotations
 
 import platform
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,11 +26,10 @@ def measure(shapes=SHAPES, repeats: int = 5, backends=("numba", "torch"), seed: 
         c = torch.randn(rows, n, generator=g, dtype=torch.float64)
         lo = torch.randn(rows, n, generator=g, dtype=torch.float64) * 2
         hi = lo + torch.rand(rows, n, generator=g, dtype=torch.float64)
-        t_sort = common.median_seconds(lambda: torch.sort(c, dim=-1), repeats)
+        t_sort = common.median_seconds(partial(torch.sort, c, dim=-1), repeats)
         for backend in backends:
             reps = repeats if backend == "numba" or rows * n <= 2**18 else max(1, repeats // 2)
-            t = common.median_seconds(
-                lambda: bounds.vertex_softmax(c, lo, hi, backend=backend), reps)
+            t = common.median_seconds(partial(bounds.vertex_softmax, c, lo, hi, backend=backend), reps)
             results.append({
                 "rows": rows, "n": n, "backend": backend, "seconds": t, "sort_seconds": t_sort,
                 "elements_per_second": rows * n / t, "ratio_to_sort": t / t_sort,

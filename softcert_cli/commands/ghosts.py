@@ -10,8 +10,8 @@
   direction in raw step size tau* and in r* = tau*/rho_a; spread = std of log10 over T.
 - ``bench``: step time of SafeStep-wrapped Adam over bare Adam (same run, interleaved).
 Each writes <name>.json, <name>.md (with the regenerating command) and <name>.png to --out.
-Data: sklearn digits, flattened, a quarter held out by a torch permutation (``load_digits_split``;
-the split of the committed docs/ghosts results, which differs from certify.data.digits').
+Data: sklearn digits, flattened, a quarter held out by a torch permutation
+(``certify.data.digits(449, flat=True, split="torch")``: the split of the committed docs/ghosts).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from analysis.ghosts import batch_radius
 from analysis.ghosts_models import ARCHITECTURES, make_model
 from analysis.safestep import SafeStep, logit_slopes, measurement_mode
+from certify.data import digits
 from softcert_cli import common
 
 EXPERIMENTS = ("sweep", "spike", "temperature", "bench")
@@ -41,22 +42,13 @@ def _progress(total, desc):
     return common.progress(total=total, desc=desc, leave=False)
 
 
-def load_digits_split(seed: int = 0, test_fraction: float = 0.25):
-    """(x_train, y_train, x_test, y_test): float32 (N, 64) in [0, 1], int64 labels.
+GHOSTS_TEST = 449  # a quarter of the 1,797 digits held out: the split of the committed docs/ghosts
 
-    The split is torch.randperm under ``seed``. It stays here, not in certify.data.digits
-    (numpy permutation, 360 test images), so that the committed docs/ghosts numbers reproduce.
-    """
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.int64)
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(y), generator=g)
-    n_test = int(round(test_fraction * len(y)))
-    te, tr = perm[:n_test], perm[n_test:]
-    return x[tr], y[tr], x[te], y[te]
+def load_digits_split(seed: int = 0):
+    """(x_train, y_train, x_test, y_test): float32 (N, 64) in [0, 1], int64 labels; the
+    torch-permutation split of ``certify.data.digits`` under ``seed``."""
+    return digits(GHOSTS_TEST, seed=seed, flat=True, split="torch")
 
 
 def _train(model, data, steps, lr=1e-3, seed=0, spike=1.0, spike_at=50, method="plain"):

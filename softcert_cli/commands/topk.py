@@ -87,8 +87,9 @@ def run(args) -> int:
     specs = ([] if args.no_sentences else [("sentences", None)]) + [
         (f"n={n} passages", n) for n in args.lengths]
     for label, n in specs:
-        at = attention.extract_attention(
-            args.model_dir, sentences, max_length=n or 128, pack=n is not None, progress=True)
+        with common.progress(desc=f"attention ({label})", unit="batch") as bar:
+            at = attention.extract_attention(
+                args.model_dir, sentences, max_length=n or 128, pack=n is not None, progress=bar.update)
         if args.limit:
             at = dataclasses.replace(at, scores=at.scores[:args.limit],
                                      values=at.values[:args.limit], tokens=at.tokens[:args.limit])

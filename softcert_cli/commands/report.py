@@ -24,8 +24,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import shlex
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import certify
 from softcert_cli.records import seal
 
 SEED = 0
@@ -53,9 +52,7 @@ class Settings:
     fp_algorithms: tuple = ("three_pass", "online", "tree")
 
 
-FULL = Settings("full", 10, (0.01, 0.02, 0.03),
-                ("ibp", "crown", "alpha-crown", "vertex", "lirpa-ibp", "lirpa-crown", "lirpa-alpha-crown"),
-                8, 360, 16, None, (0.001, 0.01, 0.05, 0.1), 24)
+FULL = Settings("full", 10, (0.01, 0.02, 0.03), tuple(certify.METHODS), 8, 360, 16, None, (0.001, 0.01, 0.05, 0.1), 24)
 QUICK = Settings("quick", 6, (0.01, 0.03), ("ibp", "crown", "vertex"), 4, 120, 6, 8, (0.01, 0.05), 12)
 # test-only: the same stages on the smallest inputs that still exercise each of them
 TINY = Settings("tiny", 2, (0.02,), ("ibp", "crown", "vertex"), 2, 16, 2, 2, (0.01,), 4)
@@ -100,110 +97,101 @@ class Timer:
 
 
 def _bar(total, desc):
-    from tqdm import tqdm
+    from softcert_cli import common
 
-    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True)
+    return common.progress(total=total, desc=desc, unit="step")
 
 
 # ----------------------------------------------------------------------------- 1. certify
 def stage_certify(model, x, y, st: Settings, records: list):
-    import certify
+    with torch.no_grad():
+        pred = model(x).argmax(1)
+    bar = _bar(len(st.eps) * (len(st.methods) + 2), "certify")
+
+    def advance(done, total, what):
+        bar.set_postfix_str(what)
+        bar.update(1)
+
+    # attack -> verify -> cross-check; a PGD-contradicted certificate raises SoundnessError
+    ev = certify.evaluate(model, x, y, st.eps, st.methods, progress=advance)
+    correct = pred == y
+    first = x[correct][:1] if bool(correct.any()) else x[:1]  # the box is a valid proof input either way
+    rng = np.random.default_rng(SEED)
+    rows, verdicts = [], []
+    n = len(y)
+    for eps in st.eps:
+        k_rob, _ = ev.robust_accuracy(eps)
+        for meth in st.methods:
+            rs = [r for r in ev.records if r.eps == eps and r.method == meth]
+            verified = [r for r in rs if r.correct]
+            margins = [r.lower_margin for r in verified if math.isfinite(r.lower_margin)]
+            k_cert, _ = ev.certified_accuracy(eps, meth)
+            # int / int: correctly rounded, as `softcert check` re-derives it from the verdicts
+            rows.append(dict(eps=eps, method=meth, n=n, clean_acc=sum(r.correct for r in rs) / n,
+                             pgd_acc=k_rob / n, certified_acc=k_cert / n,
+                             mean_lower_margin=math.fsum(margins) / len(margins) if margins else None,
+                             seconds_per_image=math.fsum(r.seconds for r in verified) / max(1, len(verified)),
+                             note=verified[0].note if verified else "no correctly classified image"))
+            verdicts += [_verdict_record(r, int(pred[r.index])) for r in rs]
+        bar.set_postfix_str(f"eps={eps} vertex records")
+        _vertex_records(model, first, eps, st.vertex_rows, rng, records)
+        bar.update(1)
+    bar.close()
+    records += verdicts
+    return {"rows": rows, "images": n, "correct": int(correct.sum())}
+
+
+def _verdict_record(r, predicted: int) -> dict:
+    """One certify.Record as a sealed ``verdict`` record (``softcert_cli.checker.check_verdict``).
+
+    Misclassified images are neither verified (lower_margin None) nor attacked (pgd_margin None).
+    """
+    return seal(dict(
+        id=f"verdict/eps={r.eps}/{r.method}/image{r.index}", kind="verdict", image=r.index, eps=r.eps,
+        method=r.method, label=r.label, predicted=predicted, certified=r.certified,
+        lower_margin=r.lower_margin, pgd_margin=r.pgd_margin,
+        pgd_counterexample=r.correct and not r.robust))
+
+
+def _vertex_records(model, xb, eps, n_rows, rng, records):
+    """Vertex-Softmax proof records for sampled rows of the first attention layer at image ``xb``.
+
+    The score and value boxes are read from ``certify.crown.propagate``'s state: certify has no
+    public call that returns a layer's intermediate bounds.
+    """
+    from bounds import vertex_softmax
     from certify import crown
     from certify.graph import build_graph
     from certify.spec import input_box
 
-    from bounds import vertex_softmax
-
-    with torch.no_grad():
-        pred = model(x).argmax(1)
-    correct = pred == y
-    xc, yc = x[correct], y[correct]
-    idx_c = torch.nonzero(correct).flatten().tolist()  # image index of each verified image
-    rows = []
-    bar = _bar(len(st.eps) * (len(st.methods) + 2), "certify")
     m64 = copy.deepcopy(model).double().eval()
     g = build_graph(m64)
-    rng = np.random.default_rng(SEED)
-    verdicts: list = []  # appended after the proof records, one per (eps, method, image)
-    for eps in st.eps:
-        if len(yc) == 0:  # nothing to certify: every image is misclassified
-            rows += [dict(eps=eps, method=meth, n=len(y), clean_acc=0.0, pgd_acc=0.0, certified_acc=0.0,
-                          mean_lower_margin=None, seconds_per_image=0.0, note="no correctly classified image")
-                     for meth in st.methods]
-            for meth in st.methods:
-                _verdict_records(verdicts, eps, meth, y, pred, idx_c, None, None)
-            bar.update(1 + len(st.methods))
-        bar.set_postfix_str(f"eps={eps} PGD")
-        att = certify.attack(model, xc, yc, eps) if len(yc) else None
-        pgd_acc = sum(s != "sat" for s in att.status) / len(y) if att is not None else 0.0  # int / int
-        bar.update(1 if att is not None else 0)
-        for meth in (st.methods if len(yc) else ()):
-            bar.set_postfix_str(f"eps={eps} {meth}")
-            res = certify.verify(model, xc, yc, eps, method=meth)
-            certify.attack(model, xc, yc, eps, certified=res.certified)  # raises if unsound
-            if (att.min_margin < res.worst_margin - 1e-9).any():
-                raise RuntimeError(f"soundness violation: a PGD margin lies below the {meth} bound")
-            wm = res.worst_margin
-            _verdict_records(verdicts, eps, meth, y, pred, idx_c, att, res)
-            # int / int: correctly rounded, as `softcert check` re-derives it from the verdicts
-            rows.append(dict(eps=eps, method=meth, n=len(y), clean_acc=int(correct.sum()) / len(y),
-                             pgd_acc=float(pgd_acc), certified_acc=int(res.certified.sum()) / len(y),
-                             mean_lower_margin=float(wm[torch.isfinite(wm)].mean()) if torch.isfinite(wm).any() else None,
-                             seconds_per_image=res.seconds / max(1, len(yc)), note=res.note))
-            bar.update(1)
-        # Vertex-Softmax proof records: rows of the first attention layer at the first image
-        bar.set_postfix_str(f"eps={eps} vertex records")
-        xb = (xc if len(yc) else x)[:1].double()  # the box is a valid proof input either way
-        xl, xu = input_box(xb, eps)
-        state = crown.propagate(g, m64.patchify(xl), m64.patchify(xu), vertex=True, anchor=m64.patchify(xb))
-        a0 = g.attention[0]
-        yl, yu = state.bounds[a0["shifted"]]
-        vl, vu = state.bounds[a0["values"]]
-        H, N = yl.shape[1], yl.shape[2]
-        for r in range(st.vertex_rows):
-            h, q = int(rng.integers(H)), int(rng.integers(N))
-            lo, hi = yl[0, h, q], yu[0, h, q]
-            if r % 2 == 0:  # an attention-output coordinate: c = value bounds of coordinate d
-                d = int(rng.integers(vl.shape[-1]))
-                c, what = vu[0, h, :, d], f"output coord {d} (c = value upper bounds)"
-            else:  # an attention probability: c = e_j
-                j = int(rng.integers(N))
-                c, what = torch.zeros(N, dtype=torch.float64).index_fill_(0, torch.tensor([j]), 1.0), f"probability p_{j}"
-            vb = vertex_softmax(c, lo, hi)
-            records.append(seal(dict(
-                id=f"vertex/eps={eps}/head{h}/query{q}/{r}", kind="vertex", what=what,
-                c=c.tolist(), lower=lo.tolist(), upper=hi.tolist(),
-                min=float(vb.lower), max=float(vb.upper))))
-        bar.update(1)
-    bar.close()
-    records += verdicts
-    return {"rows": rows, "images": len(y), "correct": int(correct.sum())}
-
-
-def _verdict_records(records, eps, method, y, pred, idx_c, att, res):
-    """One record per image at (eps, method): what an attack -> verify -> check loop decides.
-
-    Misclassified images are not verified (lower_margin None, not certified) nor attacked
-    (pgd_margin None); ``att`` and ``res`` hold the verified images idx_c in order.
-    """
-    pos = {i: k for k, i in enumerate(idx_c)}
-    for i in range(len(y)):
-        k = pos.get(i)
-        lm = pm = None
-        cert = cex = False
-        if k is not None and res is not None:
-            lm, cert = float(res.worst_margin[k]), bool(res.certified[k])
-        if k is not None and att is not None:
-            pm, cex = float(att.min_margin[k]), att.status[k] == "sat"
+    xb = xb.double()
+    xl, xu = input_box(xb, eps)
+    state = crown.propagate(g, m64.patchify(xl), m64.patchify(xu), vertex=True, anchor=m64.patchify(xb))
+    a0 = g.attention[0]
+    yl, yu = state.bounds[a0["shifted"]]
+    vl, vu = state.bounds[a0["values"]]
+    H, N = yl.shape[1], yl.shape[2]
+    for r in range(n_rows):
+        h, q = int(rng.integers(H)), int(rng.integers(N))
+        lo, hi = yl[0, h, q], yu[0, h, q]
+        if r % 2 == 0:  # an attention-output coordinate: c = value bounds of coordinate d
+            d = int(rng.integers(vl.shape[-1]))
+            c, what = vu[0, h, :, d], f"output coord {d} (c = value upper bounds)"
+        else:  # an attention probability: c = e_j
+            j = int(rng.integers(N))
+            c, what = torch.zeros(N, dtype=torch.float64).index_fill_(0, torch.tensor([j]), 1.0), f"probability p_{j}"
+        vb = vertex_softmax(c, lo, hi)
         records.append(seal(dict(
-            id=f"verdict/eps={eps}/{method}/image{i}", kind="verdict", image=i, eps=eps, method=method,
-            label=int(y[i]), predicted=int(pred[i]), certified=cert, lower_margin=lm,
-            pgd_margin=pm, pgd_counterexample=cex)))
+            id=f"vertex/eps={eps}/head{h}/query{q}/{r}", kind="vertex", what=what,
+            c=c.tolist(), lower=lo.tolist(), upper=hi.tolist(),
+            min=float(vb.lower), max=float(vb.upper))))
 
 
 # ----------------------------------------------------------------------------- 2. radii
 def stage_radii(model, x, y, st: Settings, records: list):
-    from analysis import ghosts
+    from analysis import RadiusNotVerified, ghosts
     from analysis.safestep import logit_slopes
 
     bar = _bar(4 + st.exact_radii, "radii")
@@ -224,11 +212,16 @@ def stage_radii(model, x, y, st: Settings, records: list):
     exact = []
     for i in order.tolist():
         lb_i = ghosts.radius_lower_bound(z[i].numpy(), a[i].numpy(), "root")
-        ex = ghosts.radius_exact(z[i].numpy(), a[i].numpy())
-        exact.append(dict(index=i, lower_root=lb_i, exact=ex.radius, top2=ghosts.top2_estimate(z[i].numpy(), a[i].numpy())))
+        try:
+            ex = ghosts.radius_exact(z[i].numpy(), a[i].numpy())
+            radius, zero, note = ex.radius, [ex.zero.real, ex.zero.imag], None
+        except RadiusNotVerified as err:  # no exact radius is claimed; the lower bound still stands
+            radius, zero, note = None, None, f"exact radius not verified: {err}"[:300]
+        exact.append(dict(index=i, lower_root=lb_i, exact=radius,
+                          top2=ghosts.top2_estimate(z[i].numpy(), a[i].numpy()), note=note))
         records.append(seal(dict(
             id=f"radius/image{i}", kind="radius", z=z[i].tolist(), a=a[i].tolist(), lower_bound=lb_i,
-            exact=ex.radius, zero=[ex.zero.real, ex.zero.imag])))
+            exact=radius, zero=zero, note=note)))
         bar.update(1)
     bar.close()
     return {"images": len(yb), "grad_norm": float(norm.detach()), "loss": float(loss.detach()),
@@ -240,27 +233,6 @@ def stage_radii(model, x, y, st: Settings, records: list):
 
 
 # ----------------------------------------------------------------------------- 3. top-k
-def model_attention_scores(model, x):
-    """Pre-softmax scores (B, depth, heads, N, N) and values of the ViT's attention layers."""
-    m = copy.deepcopy(model).double().eval()
-    with torch.no_grad():
-        t = m.embed(m.patchify(x.double()))
-        if m.cls is not None:
-            t = torch.cat([m.cls.expand(t.shape[0], 1, -1), t], dim=1)
-        t = t + m.pos
-        S, V, KQ = [], [], []
-        for blk in m.blocks:
-            h = blk.norm1(t)
-            at = blk.attn
-            q, k, v = at.split(at.q(h)), at.split(at.k(h)), at.split(at.v(h))
-            dh = at.dim // at.heads
-            S.append(q @ k.transpose(-1, -2) / math.sqrt(dh))
-            V.append(v)
-            KQ.append(k @ q.transpose(-1, -2) / math.sqrt(dh))
-            t = blk(t)
-    return torch.stack(S, 1), torch.stack(V, 1), torch.stack(KQ, 1)
-
-
 def _topk_records(prefix, scores_list, eps_list, n_rec, rng, records):
     from analysis import topk
 
@@ -409,23 +381,8 @@ def settings_for(args) -> Settings:
     return QUICK if args.quick else FULL
 
 
-def command_line(args) -> str:
-    if sys.argv[1:2] == ["report"]:
-        return "softcert " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    parts = ["softcert report"]
-    if args.model != "digits-vit1":
-        parts += ["--model", shlex.quote(args.model)]
-    if args.data is not None:
-        parts += ["--data", shlex.quote(str(args.data))]
-    parts += ["--out", shlex.quote(str(args.out))]
-    parts += ["--quick"] if args.quick else []
-    parts += ["--tiny"] if args.tiny else []
-    parts += ["--no-minilm"] if args.no_minilm else []
-    return " ".join(parts)
-
-
 def run(args) -> int:
-    from softcert_cli import appendix, render
+    from softcert_cli import appendix, common, render
     from softcert_cli.modelio import load_model
 
     torch.set_num_threads(1)
@@ -450,7 +407,8 @@ def run(args) -> int:
         res["certify"] = stage_certify(model, x[: st.n_images], y[: st.n_images], st, records)
     with timer("radii"):
         res["radii"] = stage_radii(model, x, y, st, records)
-    vit_scores, _, kq = model_attention_scores(model, x[: max(8, st.n_images)])
+    att = certify.attention_scores(model, x[: max(8, st.n_images)])
+    vit_scores, kq = att.scores, att.keys_by_queries
     with timer("topk"):
         res["topk"] = stage_topk(vit_scores, minilm, st, records)
     with timer("fp"):
@@ -461,7 +419,10 @@ def run(args) -> int:
         ders = appendix.all_derivations()
         res["appendix"] = {d.key: d.verify() for d in ders}
     with timer("render"):
-        cmd = command_line(args)
+        cmd = common.command_line(args, "report", [
+            ("--model", None if args.model == "digits-vit1" else args.model), ("--data", args.data),
+            ("--out", str(args.out)), ("--quick", args.quick), ("--tiny", args.tiny),
+            ("--no-minilm", args.no_minilm)])
         render.write_all(out, res, records, ders, cmd, timer, t_all, st)
     print(f"wrote {out}/report.md, report.tex, results.json ({len(records)} certificate records), "
           f"manifest.json in {time.perf_counter() - t_all:.0f} s; re-check: softcert check {out}/results.json")
