@@ -37,7 +37,9 @@ class Record:
     """One image at one radius under one method. ``lower_margin``: certified lower bound of
     min_{j≠y} z_y - z_j (None: not verified, the image is misclassified); ``pgd_margin``: the
     smallest margin PGD found (None likewise); ``robust``: PGD found no counterexample;
-    ``seconds``: the method's wall time on the batch divided evenly over its images."""
+    ``seconds``: the method's wall time on the batch divided evenly over its images;
+    ``class_margins``: the certified lower bound of z_y - z_j for every class j (0 at j = y),
+    so that methods can be compared per (image, target) pair."""
 
     index: int
     eps: float
@@ -50,6 +52,7 @@ class Record:
     pgd_margin: float | None
     seconds: float
     note: str = ""
+    class_margins: tuple | None = None
 
 
 def certified_accuracy(records, eps, method) -> tuple:
@@ -136,7 +139,8 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
                     continue
                 records.append(Record(i, eps, meth, int(y[i]), True, att.status[k] != "sat",
                                       bool(res.certified[k]), float(res.worst_margin[k]),
-                                      float(att.min_margin[k]), per, res.note))
+                                      float(att.min_margin[k]), per, res.note,
+                                      tuple(res.lower_margin[k].tolist())))
             done += 1
             if progress is not None:
                 progress(done, total, f"eps={eps} {meth}")
