@@ -86,6 +86,8 @@ def _compare(rows, a, b):
         if other is None or not r["lower_margin"]:
             continue
         la, lb = torch.tensor(r["lower_margin"]), torch.tensor(other["lower_margin"])
+        pair = la != 0  # the entry j = y is 0 by definition, not a bound
+        la, lb = la[pair], lb[pair]
         out[(r["model"], r["eps"])] = ((la >= lb - 1e-9).float().mean().item(),
                                         (la > lb + 1e-9).float().mean().item())
     return out
