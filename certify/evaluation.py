@@ -39,7 +39,8 @@ class Record:
     smallest margin PGD found (None likewise); ``robust``: PGD found no counterexample;
     ``seconds``: the method's wall time on the batch divided evenly over its images;
     ``class_margins``: the certified lower bound of z_y - z_j for every class j (0 at j = y),
-    so that methods can be compared per (image, target) pair."""
+    so that methods can be compared per (image, target) pair; ``predicted``: the model's class
+    at the clean image."""
 
     index: int
     eps: float
@@ -53,6 +54,7 @@ class Record:
     seconds: float
     note: str = ""
     class_margins: tuple | None = None
+    predicted: int | None = None
 
 
 def certified_accuracy(records, eps, method) -> tuple:
@@ -116,7 +118,8 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
     y = check_labels(y, x.shape[0], model.head.out_features)
     dtype = next(model.parameters()).dtype
     with torch.no_grad():
-        correct = model(x.to(dtype)).argmax(1) == y
+        pred = model(x.to(dtype)).argmax(1)
+    correct = pred == y
     idx = torch.nonzero(correct).flatten().tolist()
     xc, yc = x[correct], y[correct]
     total, done = len(eps_list) * (1 + len(methods)), 0
@@ -135,12 +138,13 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
             for i in range(x.shape[0]):
                 k = at.get(i)
                 if k is None:
-                    records.append(Record(i, eps, meth, int(y[i]), False, False, False, None, None, 0.0))
+                    records.append(Record(i, eps, meth, int(y[i]), False, False, False, None, None, 0.0,
+                                          predicted=int(pred[i])))
                     continue
                 records.append(Record(i, eps, meth, int(y[i]), True, att.status[k] != "sat",
                                       bool(res.certified[k]), float(res.worst_margin[k]),
                                       float(att.min_margin[k]), per, res.note,
-                                      tuple(res.lower_margin[k].tolist())))
+                                      tuple(res.lower_margin[k].tolist()), int(pred[i])))
             done += 1
             if progress is not None:
                 progress(done, total, f"eps={eps} {meth}")

@@ -104,8 +104,6 @@ def _bar(total, desc):
 
 # ----------------------------------------------------------------------------- 1. certify
 def stage_certify(model, x, y, st: Settings, records: list):
-    with torch.no_grad():
-        pred = model(x).argmax(1)
     bar = _bar(len(st.eps) * (len(st.methods) + 2), "certify")
 
     def advance(done, total, what):
@@ -114,7 +112,8 @@ def stage_certify(model, x, y, st: Settings, records: list):
 
     # attack -> verify -> cross-check; a PGD-contradicted certificate raises SoundnessError
     ev = certify.evaluate(model, x, y, st.eps, st.methods, progress=advance)
-    correct = pred == y
+    by_image = {r.index: r.correct for r in ev.records}
+    correct = torch.tensor([by_image[i] for i in range(len(y))])
     first = x[correct][:1] if bool(correct.any()) else x[:1]  # the box is a valid proof input either way
     rng = np.random.default_rng(SEED)
     rows, verdicts = [], []
@@ -132,7 +131,7 @@ def stage_certify(model, x, y, st: Settings, records: list):
                              mean_lower_margin=math.fsum(margins) / len(margins) if margins else None,
                              seconds_per_image=math.fsum(r.seconds for r in verified) / max(1, len(verified)),
                              note=verified[0].note if verified else "no correctly classified image"))
-            verdicts += [_verdict_record(r, int(pred[r.index])) for r in rs]
+            verdicts += [_verdict_record(r) for r in rs]
         bar.set_postfix_str(f"eps={eps} vertex records")
         _vertex_records(model, first, eps, st.vertex_rows, rng, records)
         bar.update(1)
@@ -141,14 +140,14 @@ def stage_certify(model, x, y, st: Settings, records: list):
     return {"rows": rows, "images": n, "correct": int(correct.sum())}
 
 
-def _verdict_record(r, predicted: int) -> dict:
+def _verdict_record(r) -> dict:
     """One certify.Record as a sealed ``verdict`` record (``softcert_cli.checker.check_verdict``).
 
     Misclassified images are neither verified (lower_margin None) nor attacked (pgd_margin None).
     """
     return seal(dict(
         id=f"verdict/eps={r.eps}/{r.method}/image{r.index}", kind="verdict", image=r.index, eps=r.eps,
-        method=r.method, label=r.label, predicted=predicted, certified=r.certified,
+        method=r.method, label=r.label, predicted=r.predicted, certified=r.certified,
         lower_margin=r.lower_margin, pgd_margin=r.pgd_margin,
         pgd_counterexample=r.correct and not r.robust))
 
