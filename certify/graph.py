@@ -47,8 +47,8 @@ class Graph:
 
     def add(self, op, inputs, shape, name="", value_range=(None, None), **params):
         """Append a node applying the registered operator ``op``; returns its id."""
-        arity = ops.get(op).arity
-        if len(inputs) != arity or any(not 0 <= j < len(self.nodes) for j in inputs):
+        arity = ops.get(op).arity  # -1: any number >= 1
+        if (len(inputs) != arity if arity >= 0 else not inputs) or any(not 0 <= j < len(self.nodes) for j in inputs):
             raise ValueError(f"inputs: operator {op!r} at {name!r} takes {arity} earlier node(s), got {tuple(inputs)}")
         self.nodes.append(Node(op, tuple(inputs), tuple(shape), params, name, tuple(value_range)))
         return len(self.nodes) - 1

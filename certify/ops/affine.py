@@ -139,3 +139,142 @@ def _select_adjoint(p, A, const):
 
 register(Affine(name="select_token", description="one token of the token axis (class-token pooling)",
                 apply=lambda p, xs, c: xs[0][:, p["index"]], adjoint=_select_adjoint))
+
+
+# ---------------------------------------------------------------- generic operators of traced graphs
+# Node shapes are full traced shapes; run-time tensors carry one more leading (batch) axis
+# and coefficients A two more (batch, specification).
+
+
+def _sum_to(t, shape, lead):
+    """Sum t (*lead dims, *bshape) down to (*lead dims, *shape) over broadcast axes."""
+    extra = t.dim() - lead - len(shape)
+    if extra:
+        t = t.sum(dim=tuple(range(lead, lead + extra)))
+    dims = tuple(i + lead for i, s in enumerate(shape) if s == 1 and t.shape[i + lead] != 1)
+    return t.sum(dim=dims, keepdim=True) if dims else t
+
+
+register(Affine(name="reshape", description="x viewed with another shape (same elements, same order)",
+                apply=lambda p, xs, c: xs[0].reshape(xs[0].shape[0], *p["to"]),
+                adjoint=lambda p, A, c: ([A.reshape(*A.shape[:2], *p["in_shape"])], _zero(A))))
+
+
+def _gather(p, xs, const):
+    x = xs[0].flatten(1)
+    idx = p["index"]
+    if p["padded"]:
+        x = torch.cat([x, x.new_zeros(x.shape[0], 1)], 1)
+    return x[:, idx.flatten()].reshape(x.shape[0], *idx.shape)
+
+
+def _gather_adjoint(p, A, const):
+    n = p["numel"] + bool(p["padded"])
+    flat = A.new_zeros(*A.shape[:2], n)
+    flat.index_add_(2, p["index"].flatten(), A.flatten(2))
+    if p["padded"]:
+        flat = flat[..., :-1]
+    return [flat.reshape(*A.shape[:2], *p["in_shape"])], _zero(A)
+
+
+register(Affine(name="gather", description="y.flat[i] = x.flat[index[i]] (index -1: the constant 0); every "
+                "slice, select, permute, expand, unfold or im2col of a tensor is one",
+                apply=_gather, adjoint=_gather_adjoint))
+
+
+def _mul_const(p, xs, const):
+    return xs[0] * p["value"]
+
+
+register(Affine(name="mul_const", description="x · c, c a constant tensor broadcastable to x's shape",
+                apply=_mul_const,
+                adjoint=lambda p, A, c: ([A * p["value"]], _zero(A)),
+                radius=lambda p, r: r * p["value"].abs()))
+
+register(Affine(name="add_const", description="x + c, c a constant tensor broadcastable to x's shape",
+                apply=lambda p, xs, c: xs[0] + p["value"],
+                adjoint=lambda p, A, c: ([A], sum_rest(A * p["value"].expand(A.shape[2:]))),
+                radius=lambda p, r: r))
+
+
+def _matmul_const(p, xs, const):
+    return xs[0] @ p["M"] if p["right"] else p["M"] @ xs[0]
+
+
+def _matmul_const_adjoint(p, A, const):
+    M = p["M"]
+    a = A @ M.transpose(-1, -2) if p["right"] else M.transpose(-1, -2) @ A
+    return [_sum_to(a, p["in_shape"], 2)], _zero(A)
+
+
+register(Affine(name="matmul_const", description="x @ M (right) or M @ x (left), M a constant matrix or stack",
+                apply=_matmul_const, adjoint=_matmul_const_adjoint,
+                radius=lambda p, r: r @ p["M"].abs() if p["right"] else p["M"].abs() @ r))
+
+
+def _reduce_dims(p, x):
+    dims = tuple(d + 1 for d in p["dims"])
+    y = x.sum(dim=dims, keepdim=p["keepdim"])
+    return y / p["count"] if p["mean"] else y
+
+
+def _reduce_adjoint(p, A, const):
+    a = A
+    if not p["keepdim"]:
+        for d in sorted(p["dims"]):
+            a = a.unsqueeze(d + 2)
+    a = a.expand(*A.shape[:2], *p["in_shape"])
+    return [a / p["count"] if p["mean"] else a], _zero(A)
+
+
+register(Affine(name="reduce", description="sum or mean over the axes `dims` (keepdim or not)",
+                apply=lambda p, xs, c: _reduce_dims(p, xs[0]), adjoint=_reduce_adjoint))
+
+
+def _cat(p, xs, const):
+    parts, it = [], iter(xs)
+    for piece in p["pieces"]:
+        parts.append(next(it) if piece is None else piece.expand(xs[0].shape[0], *piece.shape))
+    return torch.cat(parts, dim=p["dim"] + 1)
+
+
+def _cat_adjoint(p, A, const):
+    out, bias, start = [], _zero(A), 0
+    for piece, size in zip(p["pieces"], p["sizes"]):
+        part = A.narrow(p["dim"] + 2, start, size)
+        start += size
+        if piece is None:
+            out.append(part)
+        else:
+            bias = bias + sum_rest(part * piece)
+    return out, bias
+
+
+def _cat_interval(p, ins, const):
+    lo, hi, it = [], [], iter(ins)
+    b = ins[0][0].shape[0]
+    for piece in p["pieces"]:
+        if piece is None:
+            l, u = next(it)
+        else:
+            l = u = piece.expand(b, *piece.shape)
+        lo.append(l)
+        hi.append(u)
+    return torch.cat(lo, dim=p["dim"] + 1), torch.cat(hi, dim=p["dim"] + 1)
+
+
+register(Affine(name="cat", description="concatenation along `dim` of the inputs and constant pieces (a "
+                "class token, padding) in the order of `pieces` (None: the next input)",
+                apply=_cat, adjoint=_cat_adjoint, exact=_cat_interval, inputs=-1))
+
+
+def _inverse(dims):
+    inv = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inv[d] = i
+    return inv
+
+
+register(Affine(name="permute", description="the axes of x reordered as `dims`",
+                apply=lambda p, xs, c: xs[0].permute(0, *(d + 1 for d in p["dims"])),
+                adjoint=lambda p, A, c: ([A.permute(0, 1, *(d + 2 for d in _inverse(p["dims"])))], _zero(A))))

@@ -8,7 +8,7 @@ relaxation in the same way):
 - ``backward(node, A, ins, shapes, const, alpha)``: one step of linear bound propagation,
   coefficients A (B, S, *out) on the output -> ([A per input], bias (B, S)) such that
   A·out >= Σ A_k·in_k + bias on the input box (exact for affine maps: the adjoint);
-- traits as data: ``kind`` (input / affine / elementwise / bilinear), ``arity``,
+- traits as data: ``kind`` (input / affine / elementwise / bilinear), ``arity`` (-1: any >= 1),
   ``monotone`` (the image of an interval is the interval of its end points, so IBP is exact
   and CROWN bounds of the output cannot be tighter), ``value_range`` (the output always
   lies in it; bounds are clipped to it), ``anchor`` (when not None, the map takes a
