@@ -1,0 +1,170 @@
+"""Models written the way users write them (softcert_cli.user_models), certified end to end.
+
+Oracles: for every model and method, each certified lower margin z_y - z_j must lie below the
+margin at 200 points sampled in the ball and at PGD's worst point, and no certified sample may
+have an adversarial example; the traced graph must compute the model itself (float64, 1e-10).
+Unsupported operators and training-mode dropout must be refused with a ValueError that names
+them. The models are trained for a few epochs on sklearn digits (seconds).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import certify
+from certify import ops
+from certify.data import digits
+from certify.trace import logits_of, trace
+from softcert_cli import user_models
+
+METHODS = ("crown", "alpha-crown", "vertex", "ibp")
+N_IMAGES, EPS, SAMPLES = 3, 0.004, 200
+TOL = 1e-9  # sampled margins are float64 forward passes; certified bounds are widened by more
+
+
+@pytest.fixture(scope="module")
+def data():
+    xtr, ytr, xte, yte = digits()
+    return xtr, ytr, xte, yte
+
+
+_TRAINED = {}
+
+
+def _trained(name, data):
+    """``name`` trained 8 epochs (cached per module: each model is trained once)."""
+    if name not in _TRAINED:
+        xtr, ytr, _, _ = data
+        _TRAINED[name] = user_models.train(user_models.make(name), xtr, ytr, epochs=8, seed=0)
+    return _TRAINED[name]
+
+
+def _margins(model64, x, label):
+    """z_y - z_j (B, K) in float64."""
+    with torch.no_grad():
+        z = logits_of(model64(x.to(torch.float64)))
+    return z.gather(1, label[:, None]) - z
+
+
+def _ball_samples(x, eps, n, seed):
+    """n points per image, uniform in the L∞ ball clipped to [0, 1] (corners included)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = x.to(torch.float64)
+    lo, hi = (x - eps).clamp(0, 1), (x + eps).clamp(0, 1)
+    u = torch.rand((n, *x.shape), generator=gen, dtype=torch.float64)
+    u[: n // 4] = u[: n // 4].round()  # a quarter at vertices of the box, where margins are extreme
+    return lo + (hi - lo) * u
+
+
+def _correct(model, x, y):
+    with torch.no_grad():
+        keep = logits_of(model(x)).argmax(1) == y
+    return x[keep][:N_IMAGES], y[keep][:N_IMAGES]
+
+
+def _check_against_attacks(model, x, y, eps, res):
+    """The certified bounds of ``res`` against sampling and PGD."""
+    m64 = copy.deepcopy(model).double().eval()
+    lower = res.lower_margin
+    assert lower.shape == (x.shape[0], 10) and not lower.isnan().any()
+    for pts in _ball_samples(x, eps, SAMPLES, seed=1):
+        gap = (lower - _margins(m64, pts, y)).max()
+        assert gap <= TOL, f"{res.method}: a sampled margin lies {gap:.3g} below the certified bound"
+    att = certify.attack(model, x, y, eps, certified=res.certified)  # raises if a certified sample falls
+    assert not (res.certified & (att.min_margin < 0)).any()
+    gap = (lower - _margins(m64, att.x_adv, y)).max()
+    assert gap <= TOL, f"{res.method}: PGD's margin lies {gap:.3g} below the certified bound"
+    return att
+
+
+@pytest.mark.parametrize("name", user_models.NAMES)
+def test_user_model_sound_under_every_method(name, data):
+    model = _trained(name, data)
+    x, y = _correct(model, data[2], data[3])
+    assert len(y) == N_IMAGES
+    certified = {}
+    for meth in METHODS:
+        res = certify.verify(model, x, y, EPS, method=meth)
+        assert res.method == meth
+        _check_against_attacks(model, x, y, EPS, res)
+        certified[meth] = res.certified
+    # not vacuous: at this small radius CROWN proves something on every model
+    assert certified["crown"].any(), f"{name}: CROWN certified none of {N_IMAGES} images at eps={EPS}"
+
+
+def _graph_forward(g, x):
+    """The traced graph evaluated node by node at concrete inputs x (B, *input shape)."""
+    vals = [x.to(torch.float64).unsqueeze(1)]  # the box batch axis, then the model's batch axis of 1
+    for node in g.nodes[1:]:
+        vals.append(ops.forward(node, [vals[j] for j in node.inputs]))
+    return vals[-1][:, 0]
+
+
+@pytest.mark.parametrize("name", user_models.NAMES)
+def test_traced_graph_computes_the_model(name, data):
+    model = user_models.make(name)  # the weights do not matter for this check
+    x = data[2][:5]
+    g = trace(model, x[:1])
+    with torch.no_grad():
+        expected = logits_of(copy.deepcopy(model).double().eval()(x.double()))
+    torch.testing.assert_close(_graph_forward(g, x), expected, rtol=1e-10, atol=1e-10)
+
+
+class _Ranker(nn.Module):
+    def forward(self, t):
+        return torch.sort(t, dim=-1).values
+
+
+class _SortingModel(nn.Module):
+    """A user model with an unsupported operator deep inside: encoder.ranker calls torch.sort."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(64, 8)
+        self.encoder = nn.Sequential()
+        self.encoder.add_module("ranker", _Ranker())
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.embed(x.flatten(1))))
+
+
+def test_unsupported_operator_names_operator_and_module(data):
+    x, y = data[2][:1], data[3][:1]
+    with pytest.raises(ValueError, match=r"aten\.sort.*'encoder\.ranker'"):
+        certify.verify(_SortingModel().eval(), x, y, 0.01)
+
+
+def test_training_mode_dropout_refused(data):
+    model = user_models.make("encoder-post-norm").train()  # dropout 0.1, left in training mode
+    x, y = data[2][:1], data[3][:1]
+    with pytest.raises(ValueError, match=r"(?i)dropout|training|eval"):
+        certify.verify(model, x, y, 0.01)
+
+
+def test_hf_bert_text_ball_on_one_token():
+    model = user_models.hf_bert(seed=0)
+    ids = torch.tensor([[2, 7, 11, 5, 3]])
+    with torch.no_grad():
+        label = model(input_ids=ids).logits.argmax(1)
+    eps, pos = 0.01, 2
+    res = certify.verify_text(model, ids, label, eps, positions=[pos])
+    lower = res.lower_margin
+    assert lower.shape == (1, 2) and not lower.isnan().any()
+    # oracle: the ball is on the word embedding of token `pos`; sample it through inputs_embeds
+    m64 = copy.deepcopy(model).double().eval()
+    emb = m64.get_input_embeddings()(ids)
+    gen = torch.Generator().manual_seed(0)
+    d = (2 * torch.rand((SAMPLES, emb.shape[-1]), generator=gen, dtype=torch.float64) - 1) * eps
+    d[: SAMPLES // 4] = d[: SAMPLES // 4].sign() * eps
+    e = emb.expand(SAMPLES, -1, -1).clone()
+    e[:, pos] += d
+    with torch.no_grad():
+        z = m64(inputs_embeds=e).logits
+    margins = z[:, label] - z
+    assert (lower - margins).max() <= TOL
+    other = 1 - label.item()
+    assert lower[0, label.item()] == 0 and lower[0, other] <= margins[:, other].min() + TOL
