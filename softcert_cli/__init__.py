@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fp": ("softcert_cli.commands.fp", "proven FP softmax error bounds vs worst measured errors, thresholds"),
     "stability": ("softcert_cli.commands.stability", "softmax feedback stability thresholds and sharpness demos"),
     "certify": ("softcert_cli.commands.certify", "certified accuracy of zoo attention models (IBP/CROWN/Vertex/auto_LiRPA)"),
+    "usermodels": ("softcert_cli.commands.usermodels", "certified accuracy of user-style attention models (torch.nn, Hugging Face) on digits"),
     "train": ("softcert_cli.commands.train", "retrain the model zoo checkpoints (certify/zoo/*.pt) from their recipes"),
     "report": ("softcert_cli.commands.report", "one command from a model to a checked report folder (md, tex, figures, JSON)"),
     "check": ("softcert_cli.commands.check", "re-check every certificate of a report's results.json independently"),
