@@ -9,6 +9,9 @@ them. The models are trained for a few epochs on sklearn digits (seconds).
 from __future__ import annotations
 
 import copy
+import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +21,7 @@ import certify
 from certify import ops
 from certify.data import digits
 from certify.trace import logits_of, trace
+import softcert_cli
 from softcert_cli import user_models
 
 METHODS = ("crown", "alpha-crown", "vertex", "ibp")
@@ -168,3 +172,25 @@ def test_hf_bert_text_ball_on_one_token():
     assert (lower - margins).max() <= TOL
     other = 1 - label.item()
     assert lower[0, label.item()] == 0 and lower[0, other] <= margins[:, other].min() + TOL
+
+
+def test_readme_lists_the_supported_operators():
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"<!-- supported-operators -->\n```\n(.*?)```\n<!-- /supported-operators -->", text, re.S)
+    assert block, "README: the supported-operators block is missing"
+    listed = block.group(1).replace(",", " ").split()
+    assert sorted(listed) == sorted(certify.supported_operators())
+
+
+def test_usermodels_command_writes_table(tmp_path):
+    rc = softcert_cli.main(["usermodels", "--model", "qkv", "--eps", "0.002", "--methods", "crown", "ibp",
+                            "--n", "3", "--epochs", "2", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "user-models.json").read_text())
+    assert data["command"].startswith("softcert usermodels --model qkv")
+    rows = data["rows"]
+    assert [r["method"] for r in rows] == ["crown", "ibp"]
+    for r in rows:
+        assert r["certified_acc"] <= r["pgd_acc"] <= r["clean_acc"]
+    md = (tmp_path / "user-models.md").read_text()
+    assert "Regenerate: `softcert usermodels --model qkv" in md and "| 0.002 | crown |" in md
