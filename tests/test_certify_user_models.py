@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 import certify
+import softcert_cli
 from certify import ops
 from certify.data import digits
 from certify.trace import logits_of, trace
-import softcert_cli
 from softcert_cli import user_models
 
 METHODS = ("crown", "alpha-crown", "vertex", "ibp")
