@@ -27,7 +27,7 @@ TOLERANCE = 1e-9  # as certify.evaluate: PGD margins are float64 forward passes
 def configure(parser):
     parser.add_argument("--model", nargs="+", default=list(user_models.NAMES), choices=user_models.NAMES,
                         metavar="MODEL", help=f"from {', '.join(user_models.NAMES)}")
-    parser.add_argument("--eps", nargs="+", type=float, default=[0.002, 0.005])
+    parser.add_argument("--eps", nargs="+", type=float, default=[0.01, 0.02])
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, metavar="METHOD",
                         help=f"from certify.METHODS: {', '.join(certify.METHODS)}")
     parser.add_argument("--n", type=int, default=16, help="first n test digits")
