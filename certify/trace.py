@@ -166,6 +166,13 @@ def _index(b, name, x, indices):
     return b.rearrange(v(x), lambda t: aten.index.Tensor(t, indices), name)
 
 
+def _like(fn):
+    """zeros_like, new_ones, full_like...: a constant that reads only the shape of x."""
+    def lower(b, name, x, *args, **kwargs):
+        return fn(torch.zeros(b.shape(v(x)), dtype=F64), *args, **kwargs)
+    return lower
+
+
 def _reduce(mean):
     def lower(b, name, x, dims=None, keepdim=False, dtype=None):
         return b.reduce(v(x), dims, keepdim, mean, name)
@@ -195,6 +202,8 @@ def _transpose(b, name, x, d0=0, d1=1):
 ATEN = {
     **{op: _moves(op) for op in MOVES},
     aten.index.Tensor: _index,
+    **{op: _like(op) for op in (aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+                                aten.new_zeros.default, aten.new_ones.default, aten.new_full.default)},
     aten.permute.default: lambda b, name, x, dims: b.permute(v(x), dims, name),
     aten.transpose.int: _transpose, aten.t.default: _transpose,
     aten.clone.default: _identity, aten.contiguous.default: _identity, aten.detach.default: _identity,
@@ -248,10 +257,11 @@ def _where(node):
 
 
 def export(model: nn.Module, example: torch.Tensor):
-    """torch.export of ``model`` (float64, eval) at ``example`` with einsum decomposed."""
+    """torch.export of ``model`` (float64, in its own train/eval mode: dropout or batch norm in
+    training mode is refused when lowered) at ``example`` with einsum decomposed."""
     from torch._decomp import core_aten_decompositions
 
-    m = copy.deepcopy(model).to(F64).eval()
+    m = copy.deepcopy(model).to(F64)
     try:
         ep = torch.export.export(m, (example.to(F64),), strict=False)
     except Exception as exc:  # torch raises many types; the message is what the user needs

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from certify import ops
-from certify.graph import build_graph
+from certify import ops, trace
 from certify.models import ViT
 
 
@@ -11,7 +10,7 @@ def test_adjoints_are_transposes():
     torch.manual_seed(1)
     m = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3, depth=1,
             layer_norm=True, pool="cls").double()
-    g = build_graph(m)
+    g = trace(m, torch.rand(1, 1, 4, 4, dtype=torch.float64))
     B, S = 2, 3
     for node in g.nodes:
         if node.operator.kind != "affine" or node.operator.arity != 1:  # input, add, nonlinear
