@@ -1,8 +1,9 @@
 """Verifier operators: one registered object per operator (see ``certify.ops.core``).
 
-Importing this package registers every family: ``affine``, ``elementwise``, ``bilinear``.
+Importing this package registers every family: ``affine``, ``elementwise``, ``bilinear``,
+``activations`` (smooth elementwise maps), ``convolution``.
 """
-from certify.ops import affine, bilinear, elementwise  # noqa: F401  (registration)
+from certify.ops import activations, affine, bilinear, elementwise  # noqa: F401  (registration)
 from certify.ops.core import (
     KINDS,
     OPERATORS,
