@@ -44,6 +44,10 @@ LIBM_REL = 2 * LIBM_ULPS * U
 #: steps of the safeguarded Newton search for critical and tangent points (any point is
 #: sound: the search only decides tightness)
 SEARCH_STEPS = 64
+#: absolute error floor per unit |x| of every value and slope: covers results in or near the
+#: subnormal range (torch.sigmoid(t) is 0 for t < -709.78 where σ(t) < 5.6e-309; exp(-x²/2)
+#: underflows), far below any value that matters
+ABS = 1e-300
 #: below this width the chord's difference quotient is noise: use the midpoint slope
 TINY_WIDTH = 1e-7
 
@@ -95,7 +99,7 @@ def _gelu_value(x):
     v = torch.where(x == -torch.inf, 0.0, v)
     xn = x.clamp(max=0).clamp(min=-1e10)
     rel = LIBM_REL + 4 * U + 2.1 * U * (xn * xn - xn)
-    return v, _finite_err(v, v.abs() * rel + TINY * (1 + x.abs().clamp(max=1e300)))
+    return v, _finite_err(v, v.abs() * rel + ABS * (1 + x.abs().clamp(max=1e300)))
 
 
 def _gelu_slope(x):
@@ -104,7 +108,7 @@ def _gelu_slope(x):
     xs = x.clamp(-1e10, 1e10)
     phi = xs * torch.exp(-0.5 * xs * xs) * INV_SQRT_2PI
     d = 0.5 * torch.special.erfc(-xs * SQRT_HALF) + phi
-    err = (LIBM_REL + 6 * U) + phi.abs() * (LIBM_REL + 6 * U + 1.01 * U * xs * xs) + TINY
+    err = (LIBM_REL + 6 * U) + phi.abs() * (LIBM_REL + 6 * U + 1.01 * U * xs * xs) + ABS * (1 + xs.abs())
     return d, err
 
 
@@ -121,7 +125,7 @@ def _gelu_tanh_value(x):
     v = x * torch.sigmoid(t)
     v = torch.where(x == -torch.inf, 0.0, v)
     rel = LIBM_REL + 6 * U + 10.1 * U * (-t.clamp(max=0))
-    return v, _finite_err(v, v.abs() * rel + TINY * (1 + x.abs().clamp(max=1e300)))
+    return v, _finite_err(v, v.abs() * rel + ABS * (1 + x.abs().clamp(max=1e300)))
 
 
 def _gelu_tanh_slope(x):
@@ -130,7 +134,7 @@ def _gelu_tanh_slope(x):
     t = _gelu_tanh_arg(xs)
     sp, sn = torch.sigmoid(t), torch.sigmoid(-t)
     second = xs * sp * sn * (T1 + 3 * T3 * (xs * xs))
-    err = (LIBM_REL + 7 * U) + second.abs() * (2 * LIBM_REL + 16 * U + 10.1 * U * t.abs()) + TINY
+    err = (LIBM_REL + 7 * U) + second.abs() * (2 * LIBM_REL + 16 * U + 10.1 * U * t.abs()) + ABS * (1 + xs.abs())
     return sp + second, err
 
 
@@ -149,22 +153,22 @@ def _gelu_tanh_second(x):
 
 def _tanh_value(x):
     v = torch.tanh(x)
-    return v, v.abs() * LIBM_REL + TINY
+    return v, v.abs() * LIBM_REL + ABS
 
 
 def _tanh_slope(x):
     v = torch.tanh(x)
-    return 1 - v * v, 2 * LIBM_REL + 4 * U + TINY
+    return 1 - v * v, torch.full_like(v, 2 * LIBM_REL + 4 * U + ABS)
 
 
 def _sigmoid_value(x):
     v = torch.sigmoid(x)
-    return v, v.abs() * LIBM_REL + TINY
+    return v, v.abs() * LIBM_REL + ABS
 
 
 def _sigmoid_slope(x):
     d = torch.sigmoid(x) * torch.sigmoid(-x)
-    return d, d * (2 * LIBM_REL + 2 * U) + TINY
+    return d, d * (2 * LIBM_REL + 2 * U) + ABS
 
 
 def _tanh_second(x):
@@ -183,12 +187,12 @@ def _sqrt_second(x):
 
 def _sqrt_value(x):
     v = torch.sqrt(x)
-    return v, _finite_err(v, v * LIBM_REL + TINY)
+    return v, _finite_err(v, v * LIBM_REL + ABS)
 
 
 def _sqrt_slope(x):
     d = 0.5 / torch.sqrt(x)
-    return d, _finite_err(d, d * (LIBM_REL + 4 * U) + TINY)
+    return d, _finite_err(d, d * (LIBM_REL + 4 * U) + ABS)
 
 
 # ---------------------------------------------------------------- certified intercepts
@@ -433,11 +437,11 @@ def _as64(t):
     return torch.as_tensor(t).to(torch.float64)
 
 
-def _planes(name, image, slopes, unbounded=None):
+def _planes(name, image, slopes, unbounded=None, lo_floor=None):
     """planes(l, u, alpha) for the activation ``name``: slopes from ``slopes(l, u)``
     (either (lw, uw) or (lw, lb, uw, ub) when the intercepts came with the choice), the
     intercepts certified; infinite ends get the image's constant planes, refined by
-    ``unbounded(l, u, planes)`` when given."""
+    ``unbounded(l, u, planes)`` when given; ``lo_floor``: a global lower bound of f."""
     def planes(l, u, alpha=None):
         l, u = torch.broadcast_tensors(_as64(l), _as64(u))
         shape = l.shape
@@ -452,6 +456,10 @@ def _planes(name, image, slopes, unbounded=None):
             lw, lb, uw, ub = out
         if not bool(fin.all()):
             ilo, ihi = image(l, u)
+            # a box at +inf (or -inf) only comes from overflow: its plane must not claim
+            # f >= +inf (or f <= -inf), which would "prove" anything downstream
+            ilo = torch.where(ilo == torch.inf, -torch.inf if lo_floor is None else lo_floor, ilo)
+            ihi = torch.where(ihi == -torch.inf, torch.inf, ihi)
             zero = torch.zeros_like(l)
             const = (zero, ilo, zero, ihi)
             if unbounded is not None:
@@ -481,7 +489,9 @@ def _sqrt_slopes(l, u):
     if bool((l < 0).any()):
         raise ValueError("sqrt: input interval must be non-negative (l >= 0)")
     k, mid = _chord(CURVES["sqrt"], l, u)
-    return k, torch.where(torch.isfinite(mid), mid, k)
+    upper = torch.where(torch.isfinite(mid), mid, k)
+    # f'(0) = inf: on [0, 0] any finite slope will do (the intercepts are certified)
+    return torch.where(torch.isfinite(k), k, 0.0), torch.where(torch.isfinite(upper), upper, 0.0)
 
 
 def _checked_sqrt_planes(planes):
@@ -498,12 +508,13 @@ tanh_image = _monotone_image(CURVES["tanh"], (-1.0, 1.0))
 sigmoid_image = _monotone_image(CURVES["sigmoid"], (0.0, 1.0))
 sqrt_image = _monotone_image(CURVES["sqrt"], (0.0, None))
 
-gelu_planes = _planes("gelu", gelu_image, lambda l, u: _gelu_slopes("gelu", l, u), _gelu_unbounded)
+gelu_planes = _planes("gelu", gelu_image, lambda l, u: _gelu_slopes("gelu", l, u), _gelu_unbounded,
+                      GELU_ERF.minimum[0])
 gelu_tanh_planes = _planes("gelu_tanh", gelu_tanh_image, lambda l, u: _gelu_slopes("gelu_tanh", l, u),
-                           _gelu_unbounded)
+                           _gelu_unbounded, GELU_TANH.minimum[0])
 tanh_planes = _planes("tanh", tanh_image, lambda l, u: _s_slopes(CURVES["tanh"], l, u))
 sigmoid_planes = _planes("sigmoid", sigmoid_image, lambda l, u: _s_slopes(CURVES["sigmoid"], l, u))
-sqrt_planes = _checked_sqrt_planes(_planes("sqrt", sqrt_image, _sqrt_slopes))
+sqrt_planes = _checked_sqrt_planes(_planes("sqrt", sqrt_image, _sqrt_slopes, lo_floor=0.0))
 
 register(Elementwise(name="gelu", description="x Φ(x) = 0.5 x (1 + erf(x/√2)) (GELU, exact form)",
                      fn=F.gelu, image=gelu_image, planes=gelu_planes,
