@@ -21,6 +21,7 @@ from torch import nn
 
 from certify.graph import Graph
 from certify.lowering import F64, Builder, const
+from certify.ops import conv2d_params
 
 aten = torch.ops.aten
 
@@ -132,14 +133,10 @@ def _sdpa(b, name, q, k, val, attn_mask=None, dropout_p=0.0, is_causal=False, sc
 def _conv2d(b, name, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if isinstance(w, Var) or isinstance(bias, Var):
         raise ValueError(f"unsupported operator aten.conv2d with a perturbed weight at {name!r}")
-    if isinstance(padding, str):
-        raise ValueError(f"unsupported operator aten.conv2d with padding={padding!r} at {name!r}")
     x = v(x)
-    shape = b.shape(x)
-    out = torch.nn.functional.conv2d(torch.zeros(shape, dtype=F64), const(w), None, stride, padding, dilation,
-                                     groups)
-    return b.node("conv2d", [x], out.shape, name, weight=const(w), bias=None if bias is None else const(bias),
-                  stride=stride, padding=padding, dilation=dilation, groups=groups, in_shape=shape)
+    params = conv2d_params(const(w), None if bias is None else const(bias), stride, padding, dilation, groups,
+                           in_shape=b.shape(x))
+    return b.node("conv2d", [x], params["out_shape"], name, **params)
 
 
 def _pow(b, name, x, e):
@@ -212,7 +209,7 @@ ATEN = {
     aten.dropout.default: _dropout, aten.feature_dropout.default: _dropout,
     aten.linear.default: _linear, aten.addmm.default: _addmm,
     aten.matmul.default: _binary("matmul"), aten.mm.default: _binary("matmul"), aten.bmm.default: _binary("matmul"),
-    aten.conv2d.default: _conv2d,
+    aten.conv2d.default: _conv2d, aten.conv2d.padding: _conv2d,
     aten.add.Tensor: _binary("add"), aten.sub.Tensor: _binary("sub"), aten.mul.Tensor: _binary("mul"),
     aten.div.Tensor: _binary("div"),
     aten.rsub.Scalar: lambda b, name, x, y, alpha=1: b.add(b.mul(v(x), const(-alpha), name), const(y), name),

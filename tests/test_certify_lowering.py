@@ -169,3 +169,27 @@ def test_graph_module_is_verified_on_its_own_graph():
     torch.testing.assert_close(a.lower_margin, b.lower_margin, rtol=1e-12, atol=1e-12)
     att = certify.attack(gm, x, y, 0.05, steps=5)
     assert (att.min_margin >= b.worst_margin - 1e-9).all()
+
+
+@pytest.mark.parametrize("method", ["ibp", "crown", "alpha-crown", "vertex"])
+def test_conv_batchnorm_and_smooth_activations_are_verified_soundly(method):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4), nn.GELU(),
+                      nn.Conv2d(4, 4, 3, padding="same", groups=2), nn.Tanh(), nn.Flatten(), nn.Linear(64, 3),
+                      nn.Sigmoid()).double().eval()
+    with torch.no_grad():
+        m[1].running_mean.normal_()
+        m[1].running_var.uniform_(0.5, 2.0)
+    x = torch.rand(2, 1, 8, 8, dtype=F64)
+    g = certify.trace(m, x)
+    assert [n.op for n in g.nodes].count("conv2d") == 2
+    torch.testing.assert_close(certify.forward(g, x.unsqueeze(1)).squeeze(1), m(x), rtol=1e-12, atol=1e-12)
+    y = m(x).argmax(1)
+    r = certify.verify(m, x, y, 0.02, method=method)
+    lo, hi = certify.spec.input_box(x, 0.02)
+    t = torch.rand(512, *x.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+    t[:128] = (t[:128] > 0.5).to(F64)  # corners
+    with torch.no_grad():
+        z = m((lo + (hi - lo) * t).reshape(-1, 1, 8, 8)).reshape(512, 2, 3)
+    sampled = (z.gather(2, y.view(1, -1, 1).expand(512, -1, 1)) - z).min(0).values
+    assert (r.lower_margin <= sampled + 1e-9).all()
