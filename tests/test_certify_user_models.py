@@ -135,10 +135,18 @@ def test_unsupported_operator_names_operator_and_module(data):
         certify.verify(_SortingModel().eval(), x, y, 0.01)
 
 
-def test_training_mode_dropout_refused(data):
-    model = user_models.make("encoder-post-norm").train()  # dropout 0.1, left in training mode
+def _qkv_with_dropout():
+    model = user_models.make("qkv")
+    model.mlp.insert(1, nn.Dropout(0.2))  # a plain nn.Dropout, not the attention's own
+    return model
+
+
+@pytest.mark.parametrize("make", [lambda: user_models.make("encoder-post-norm"), _qkv_with_dropout],
+                         ids=["encoder-layer", "nn.Dropout"])
+def test_training_mode_dropout_refused(make, data):
+    model = make().train()  # dropout left in training mode: the traced graph would be random
     x, y = data[2][:1], data[3][:1]
-    with pytest.raises(ValueError, match=r"(?i)dropout|training|eval"):
+    with pytest.raises(ValueError, match=r"dropout.*model\.eval\(\)"):
         certify.verify(model, x, y, 0.01)
 
 
