@@ -141,12 +141,16 @@ def _qkv_with_dropout():
     return model
 
 
-@pytest.mark.parametrize("make", [lambda: user_models.make("encoder-post-norm"), _qkv_with_dropout],
-                         ids=["encoder-layer", "nn.Dropout"])
-def test_training_mode_dropout_refused(make, data):
-    model = make().train()  # dropout left in training mode: the traced graph would be random
+def _conv_batch_norm():
+    return nn.Sequential(nn.Conv2d(1, 4, 4, stride=4), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(16, 10))
+
+
+@pytest.mark.parametrize("make", [lambda: user_models.make("encoder-post-norm"), _qkv_with_dropout, _conv_batch_norm],
+                         ids=["encoder-layer", "nn.Dropout", "nn.BatchNorm2d"])
+def test_training_mode_refused(make, data):
+    model = make().train()  # dropout / batch statistics in training mode: not the eval-mode function
     x, y = data[2][:1], data[3][:1]
-    with pytest.raises(ValueError, match=r"dropout.*model\.eval\(\)"):
+    with pytest.raises(ValueError, match=r"(dropout|batch norm).*model\.eval\(\)"):
         certify.verify(model, x, y, 0.01)
 
 
