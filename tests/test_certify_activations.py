@@ -435,3 +435,15 @@ def test_alpha_with_infinite_ends_keeps_the_constant_planes():
         d = ops.get(name).planes(l, u)
         assert not torch.isnan(torch.stack([lw, lb])).any()
         assert lw[0] == d[0][0] and lb[0] == d[1][0] and lw[1] == d[0][1] and lb[1] == d[1][1]
+
+
+def test_empty_box_gives_no_information():
+    """l > u (never from the verifier, possible from a caller): 0·x ± inf, never f >= +inf."""
+    l, u = torch.tensor([2.0, 1.0], dtype=torch.float64), torch.tensor([1.0, 2.0], dtype=torch.float64)
+    for name in NAMES:
+        lw, lb, uw, ub = ops.get(name).planes(l, u)
+        assert (lw[0], lb[0], uw[0], ub[0]) == (0.0, -math.inf, 0.0, math.inf)
+        assert torch.isfinite(torch.stack([lw[1], lb[1], uw[1], ub[1]])).all()
+        if name != "sqrt":
+            lw, lb, _, _ = ops.get(name).planes(l, u, torch.tensor([0.5, 0.5], dtype=torch.float64))
+            assert (lw[0], lb[0]) == (0.0, -math.inf)

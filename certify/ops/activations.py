@@ -13,7 +13,10 @@ planes and traits. Planes are built in two steps:
    g(x) <= g(p) + g'(p)(x - p) for any p (p = the critical point, found by bisection: any p
    is sound, a good one is tight); on a sliver [a, b] bracketing an inflection point whose
    float64 value is inexact, max g <= max(g(a), g(b)) + M (b - a)²/8 with M >= max|f''|.
-So any slope is sound; the slope only decides tightness. Every float64 value of f and f'
+So any slope is sound; the slope only decides tightness. This also gives alpha-CROWN its
+family (``_with_alpha``): lower slope smin + alpha (smax - smin) over the range of f' on
+[l, u], the intercept certified, for gelu, gelu_tanh, tanh and sigmoid (sqrt is concave:
+its chord is already the best lower plane). Every float64 value of f and f'
 carries a proven error bound (the ``_*_value`` and ``_*_slope`` functions), added on the
 safe side, so lw·x + lb <= f(x) <= uw·x + ub holds in real arithmetic for the float64
 coefficients returned. Infinite end points give constant planes from the image (slope 1
@@ -320,7 +323,8 @@ def _sup(curve, sign, s, l, u):
         else:           # concave: tangent at the critical point
             v = _tangent_bound(curve, sign, s_, a, b, _critical(curve, sign, s_, a, b))
         best[idx] = torch.maximum(best[idx], v)
-    return best
+    # an empty box (l > u) or NaN ends: no information, never a plane "f >= +inf"
+    return torch.where(l <= u, best, torch.inf)
 
 
 def intercepts(name, l, u, lw, uw):
@@ -500,7 +504,7 @@ def _with_alpha(name, default, slope_range):
         lb = -_sup(curve, -1, s, lf, uf)
         lw = torch.where(fin, s, lw0.expand(shape).reshape(-1))
         lb = torch.where(fin, lb, lb0.expand(shape).reshape(-1))
-        bad = torch.isnan(lw) | torch.isnan(lb)
+        bad = torch.isnan(lw) | torch.isnan(lb) | (lb == -torch.inf)
         lw, lb = torch.where(bad, 0.0, lw), torch.where(bad, -torch.inf, lb)
         return lw.reshape(shape), lb.reshape(shape), uw.expand(shape), ub.expand(shape)
     return planes
@@ -549,9 +553,10 @@ def _s_slope_range(name):
 
 
 def _sanitize(lw, lb, uw, ub):
-    # any NaN (overflow in s·x for huge slopes and ends) becomes "no information"
-    bad_l = torch.isnan(lw) | torch.isnan(lb) | torch.isinf(lw)
-    bad_u = torch.isnan(uw) | torch.isnan(ub) | torch.isinf(uw)
+    # any NaN (overflow in s·x for huge slopes and ends) or infinite intercept becomes "no
+    # information": 0·x ± inf
+    bad_l = torch.isnan(lw) | torch.isnan(lb) | torch.isinf(lw) | (lb == -torch.inf)
+    bad_u = torch.isnan(uw) | torch.isnan(ub) | torch.isinf(uw) | (ub == torch.inf)
     return (torch.where(bad_l, 0.0, lw), torch.where(bad_l, -torch.inf, lb),
             torch.where(bad_u, 0.0, uw), torch.where(bad_u, torch.inf, ub))
 
