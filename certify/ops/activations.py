@@ -10,9 +10,10 @@ planes and traits. Planes are built in two steps:
 2. the intercept *certified* for that slope: b = inf (lower) or sup (upper) over [l, u] of
    g(x) = f(x) - s·x, computed on the pieces where f has one curvature (``_sup``): on a
    piece where ±g is convex its max is at the piece's ends; where it is concave,
-   g(x) <= g(p) + g'(p)(x - p) for any p (p = the critical point, found by bisection: any p
-   is sound, a good one is tight); on a sliver [a, b] bracketing an inflection point whose
-   float64 value is inexact, max g <= max(g(a), g(b)) + M (b - a)²/8 with M >= max|f''|.
+   g(x) <= g(p) + g'(p)(x - p) for any p (p = the critical point, found by safeguarded
+   Newton: any p is sound, a good one is tight); on a sliver [a, b] bracketing an
+   inflection point whose float64 value is inexact, max g <= max(g(a), g(b)) + M (b - a)²/8
+   with M >= max|f''|.
 So any slope is sound; the slope only decides tightness. This also gives alpha-CROWN its
 family (``_with_alpha``): lower slope smin + alpha (smax - smin) over the range of f' on
 [l, u], the intercept certified, for gelu, gelu_tanh, tanh and sigmoid (sqrt is concave:
