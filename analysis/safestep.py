@@ -268,10 +268,11 @@ class SafeStepGuard:
     ``accumulation="all"`` takes the radius over all of them (gradient accumulation), ``"last"``
     over the last one only (one JVP per step; weaker: the other micro-batches are not checked).
     With no batch recorded the update is applied unscaled and a :class:`SafeStepWarning` says so.
+    ``history=True`` keeps the :class:`SafeStepState` of every step in ``history``.
     """
 
     def __init__(self, model: nn.Module, target_ratio: float = 1.0, method: str = "pi", logits_fn=None,
-                 accumulation: str = "all"):
+                 accumulation: str = "all", history: bool = False):
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if accumulation not in ACCUMULATION:
@@ -283,6 +284,7 @@ class SafeStepGuard:
         self.accumulation = accumulation
         self.controller = SafeStepController(target_ratio, method)
         self.ctrl_state = self.controller.init()
+        self.history = [] if history else None
         self._batches = []
         self._measuring = False
         self._old = None
@@ -322,8 +324,18 @@ class SafeStepGuard:
         self._params = [p for p in params if p.requires_grad or p.grad is not None]
         self._old = torch._foreach_mul([p.detach() for p in self._params], 1.0)  # one fused copy
 
-    @torch.no_grad()
     def after_step(self, inputs=None) -> float:
+        """Measure the update made since :meth:`before_step` and scale it; returns the scale.
+
+        ``inputs``: the batch (a tensor or a tuple of positional arguments), overriding the
+        recorded ones."""
+        scale = self._after_step(inputs)
+        if self.history is not None:
+            self.history.append(self.ctrl_state)
+        return scale
+
+    @torch.no_grad()
+    def _after_step(self, inputs=None) -> float:
         """Measure the update made since :meth:`before_step` and scale it; returns the scale.
 
         ``inputs``: the batch (a tensor or a tuple of positional arguments), overriding the
@@ -341,7 +353,7 @@ class SafeStepGuard:
             warnings.warn(
                 "SafeStep: no training batch was recorded since the last step (no forward of the model "
                 "with gradients enabled), so this update was applied unscaled; run the forward pass "
-                "before step(), or pass step(inputs=...)", SafeStepWarning, stacklevel=3)
+                "before step(), or pass step(inputs=...)", SafeStepWarning, stacklevel=4)
             self.ctrl_state = replace(self.ctrl_state, step=self.ctrl_state.step + 1, update_norm=norm, scale=1.0,
                                       ratio=math.nan, rho_a=math.nan, measured=False, batches=0)
             return 1.0
