@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["SafeStepCallback", "SafeStepLightningCallback"]
+__all__ = ["SafeStepCallback", "SafeStepLightningCallback"]  # noqa: F822 (module __getattr__ builds them)
 
 
 def _options(target_ratio, method, logits_fn, accumulation):
@@ -70,7 +70,7 @@ def _hf_callback():
             if self.guard is not None:
                 self.guard.remove()  # stop recording; the logged state stays readable
 
-    SafeStepCallback.__module__ = __name__
+    SafeStepCallback.__module__, SafeStepCallback.__qualname__ = __name__, "SafeStepCallback"
     return SafeStepCallback
 
 
@@ -122,6 +122,7 @@ def _lightning_callback():
                 g.remove()  # keep the guards (and their logged state), stop recording
 
     SafeStepLightningCallback.__module__ = __name__
+    SafeStepLightningCallback.__qualname__ = "SafeStepLightningCallback"
     return SafeStepLightningCallback
 
 
