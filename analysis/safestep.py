@@ -54,7 +54,8 @@ class SafeStepWarning(UserWarning):
 class SafeStepState:
     """What the controller saw at its last update (nan before the first one).
 
-    ``measured`` is False when the step was applied without a radius (no batch recorded)."""
+    ``measured`` is False when the step was applied without a radius (no batch recorded);
+    ``stale`` is True when the step reused the last measured rho_a (``reuse_steps``)."""
 
     step: int = 0
     rho_a: float = math.nan  # batch radius along the update, in parameter-norm units
@@ -64,6 +65,7 @@ class SafeStepState:
     method: str = "pi"
     measured: bool = True
     batches: int = 0  # micro-batches the radius was taken over
+    stale: bool = False
 
 
 def pi_rho(slopes) -> float:
@@ -131,7 +133,7 @@ class SafeStepController:
             ratio = 1.0 / rho_p
             scale = min(1.0, self.target_ratio * rho_p)
         new = replace(state, step=state.step + 1, rho_a=rho_a, update_norm=update_norm, ratio=ratio,
-                      scale=scale, measured=True, batches=batches)
+                      scale=scale, measured=True, batches=batches, stale=False)
         return scale, new
 
 
@@ -269,19 +271,34 @@ class SafeStepGuard:
     over the last one only (one JVP per step; weaker: the other micro-batches are not checked).
     With no batch recorded the update is applied unscaled and a :class:`SafeStepWarning` says so.
     ``history=True`` keeps the :class:`SafeStepState` of every step in ``history``.
+
+    ``reuse_steps=k > 0`` is an explicit, weaker and cheaper variant: for up to k steps after a
+    measurement, a step with ||p|| <= reuse_margin * target_ratio * rho_a(last measured) is
+    applied unscaled without a JVP (``stale=True`` in its state); a step that could bind is
+    always measured. It assumes rho_a (a distance in parameter space) does not shrink by more
+    than 1/reuse_margin within k steps; the failure rate of that assumption is measured by
+    ``softcert ghosts sweep --stale`` (docs/ghosts/sweep_stale/). Default 0: every step measured.
     """
 
     def __init__(self, model: nn.Module, target_ratio: float = 1.0, method: str = "pi", logits_fn=None,
-                 accumulation: str = "all", history: bool = False):
+                 accumulation: str = "all", history: bool = False, reuse_steps: int = 0,
+                 reuse_margin: float = 0.5):
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if accumulation not in ACCUMULATION:
             raise ValueError(f"accumulation must be one of {ACCUMULATION}, got {accumulation!r}")
         if logits_fn is not None and not callable(logits_fn):
             raise ValueError(f"logits_fn must be callable, got {type(logits_fn).__name__}")
+        if not (isinstance(reuse_steps, int) and reuse_steps >= 0):
+            raise ValueError(f"reuse_steps must be an int >= 0, got {reuse_steps!r}")
+        if not (0 < reuse_margin <= 1):
+            raise ValueError(f"reuse_margin must be in (0, 1], got {reuse_margin!r}")
         self.model = model
         self.logits_fn = logits_fn
         self.accumulation = accumulation
+        self.reuse_steps, self.reuse_margin = reuse_steps, reuse_margin
+        self._since = 0  # steps since the last measurement
+        self._rho_last = math.nan  # last measured rho_a
         self.controller = SafeStepController(target_ratio, method)
         self.ctrl_state = self.controller.init()
         self.history = [] if history else None
@@ -355,11 +372,18 @@ class SafeStepGuard:
                 "with gradients enabled), so this update was applied unscaled; run the forward pass "
                 "before step(), or pass step(inputs=...)", SafeStepWarning, stacklevel=4)
             self.ctrl_state = replace(self.ctrl_state, step=self.ctrl_state.step + 1, update_norm=norm, scale=1.0,
-                                      ratio=math.nan, rho_a=math.nan, measured=False, batches=0)
+                                      ratio=math.nan, rho_a=math.nan, measured=False, batches=0, stale=False)
             return 1.0
         if norm == 0.0:
             self.ctrl_state = replace(self.ctrl_state, step=self.ctrl_state.step + 1, update_norm=0.0, scale=1.0,
-                                      ratio=0.0, rho_a=math.inf, measured=True, batches=len(batches))
+                                      ratio=0.0, rho_a=math.inf, measured=True, batches=len(batches), stale=False)
+            return 1.0
+        if (self.reuse_steps and self._since < self.reuse_steps and math.isfinite(self._rho_last)
+                and norm <= self.reuse_margin * self.controller.target_ratio * self._rho_last):
+            self._since += 1
+            self.ctrl_state = replace(self.ctrl_state, step=self.ctrl_state.step + 1, update_norm=norm, scale=1.0,
+                                      ratio=norm / self._rho_last, rho_a=self._rho_last, measured=True,
+                                      batches=len(batches), stale=True)
             return 1.0
         if not self._slots.valid(self.model):  # parameters added or removed since construction
             self._slots, self._modules = _Slots(self.model), _measured_modules(self.model)
@@ -378,6 +402,7 @@ class SafeStepGuard:
             self._measuring = False
         z, a = (zs[0], as_[0]) if len(zs) == 1 else (torch.cat(zs), torch.cat(as_))
         scale, self.ctrl_state = self.controller.update(self.ctrl_state, z, a, norm, batches=len(batches))
+        self._since, self._rho_last = 0, self.ctrl_state.rho_a
         if scale < 1.0:  # p <- old + scale (p - old)
             torch._foreach_copy_(params, torch._foreach_add(old, delta, alpha=scale))
         return scale
@@ -414,15 +439,18 @@ class SafeStep(torch.optim.Optimizer):
     inner optimizer's ``param_groups`` and ``state``, so LR schedulers, ``zero_grad`` and
     checkpoints act on the inner optimizer; the inner optimizer's own state (e.g. Adam moments)
     is updated as usual, only the applied parameter change is scaled. ``load_state_dict``
-    takes a SafeStep checkpoint or a plain one of the inner optimizer.
+    takes a SafeStep checkpoint or a plain one of the inner optimizer. ``reuse_steps``,
+    ``reuse_margin``: the cheaper, weaker variant of :class:`SafeStepGuard` (default off).
     Logged: ``last_rho_a``, ``last_update_norm``, ``last_ratio``, ``last_scale``.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, target_ratio: float = 1.0,
-                 method: str = "pi", logits_fn=None, accumulation: str = "all"):
+                 method: str = "pi", logits_fn=None, accumulation: str = "all", reuse_steps: int = 0,
+                 reuse_margin: float = 0.5):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        self.guard = SafeStepGuard(model, target_ratio, method, logits_fn, accumulation)
+        self.guard = SafeStepGuard(model, target_ratio, method, logits_fn, accumulation,
+                                   reuse_steps=reuse_steps, reuse_margin=reuse_margin)
         self.optimizer = optimizer
         self.model = model
         params = [p for g in optimizer.param_groups for p in g["params"]]

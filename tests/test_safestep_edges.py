@@ -256,3 +256,30 @@ def test_pi_rho_validates():
         pi_rho(torch.zeros(3))
     with pytest.raises(ValueError, match="finite"):
         pi_rho(torch.tensor([[0.0, float("nan")]]))
+
+
+def test_reuse_steps_skips_only_far_from_binding_steps():
+    """The explicit cheaper variant: small steps reuse the last rho_a for up to k steps; a
+    step that could bind (here an LR spike) is measured and scaled as without reuse."""
+    model = make_model("MLP+LN", seed=7)
+    ref = make_model("MLP+LN", seed=7)
+    x, y = _batch()
+    opt = SafeStep(torch.optim.Adam(model.parameters(), lr=1e-3), model, reuse_steps=2)
+    exact = SafeStep(torch.optim.Adam(ref.parameters(), lr=1e-3), ref)
+    stale = []
+    for step in range(7):
+        if step == 5:
+            for o in (opt, exact):
+                o.param_groups[0]["lr"] = 1.0
+        for m, o in ((model, opt), (ref, exact)):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+        stale.append(opt.ctrl_state.stale)
+        assert opt.ctrl_state.measured
+    assert stale == [False, True, True, False, True, False, False]
+    assert opt.last_scale < 1.0 and opt.last_scale == pytest.approx(exact.last_scale, rel=1e-4)
+    with pytest.raises(ValueError, match="reuse_steps"):
+        SafeStep(torch.optim.Adam(model.parameters()), model, reuse_steps=-1)
+    with pytest.raises(ValueError, match="reuse_margin"):
+        SafeStep(torch.optim.Adam(model.parameters()), model, reuse_margin=0.0)
