@@ -19,6 +19,11 @@ def test_reduced_experiments_run(tmp_path):
         assert r["onset_r"] is None or r["onset_r"] in ge.R_GRID
         if r["direction"] == "gradient":  # a short descent step lowers the loss
             assert r["ratios"][0] < 1.0
+    stale = ge.run_sweep(["MLP"], [0, 5], 1, 2.0, progress=False, stale=2)
+    assert [r["stage"] for r in stale["rows"]] == [2, 2, 5, 5] and stale["stale"] == 2
+    assert all(r["rho_fresh"] > 0 and r["rho_a"] > 0 for r in stale["rows"])
+    ge.write_report("sweep", stale, tmp_path / "stale", "softcert ghosts sweep --stale 2", 1.0)
+    assert "rho_fresh / rho_stale" in (tmp_path / "stale" / "sweep.md").read_text()
     spike = ge.run_spike(["Linear"], [1000.0], [0], steps=55, progress=False)
     assert {r["method"] for r in spike["rows"]} == set(ge.METHODS)
     assert all(0.0 <= r["median"] <= 1.0 for r in spike["rows"])
@@ -37,5 +42,7 @@ def test_reduced_experiments_run(tmp_path):
     ge.configure(parser)
     with pytest.raises(ValueError, match="archs"):
         ge.run(parser.parse_args(["sweep", "--archs", "ResNet", "--out", str(tmp_path)]))
+    with pytest.raises(ValueError, match="stale"):
+        ge.run(parser.parse_args(["sweep", "--stale", "-1", "--out", str(tmp_path)]))
     with pytest.raises(ValueError, match="fail-ratio"):
         ge.run(parser.parse_args(["sweep", "--fail-ratio", "0.5", "--out", str(tmp_path)]))

@@ -112,36 +112,56 @@ def _rho(model, names, v, x, temperature=1.0):
 # ---------------------------------------------------------------- (a) sweep
 
 
-def run_sweep(archs, stages, n_random, fail_ratio, seed=0, progress=True):
+def run_sweep(archs, stages, n_random, fail_ratio, seed=0, progress=True, stale=0):
+    """``stale=k > 0``: the radius of each direction is measured k training steps before the
+    stage (the same random directions; the descent direction of that earlier point) and the
+    sweep steps r * rho_stale along the current direction, as SafeStep(reuse_steps=k) may do
+    for a step it does not measure; stages below k move to k."""
     data = load_digits_split(seed)
     x, y = data[0][:256], data[1][:256]
     gen = torch.Generator().manual_seed(seed)
     rows = []
+    if stale:
+        stages = sorted({max(s, stale) for s in stages})
     bar = _progress(len(archs) * len(stages), "sweep") if progress else None
     for arch in archs:
         model = make_model(arch, seed)
         done = 0
         for stage in stages:
-            _train(model, data, stage - done, seed=seed)
+            stale_rho = None
+            if stale:
+                _train(model, data, stage - stale - done, seed=seed)
+                names, dirs = _directions(model, x, y, n_random, gen)
+                stale_rho = {d: _rho(model, names, v, x) for d, v in dirs.items()}
+                _train(model, data, stale, seed=seed + 1)
+                randoms = {d: v for d, v in dirs.items() if d != "gradient"}
+                names, dirs = _directions(model, x, y, 0, None)
+                dirs.update(randoms)
+            else:
+                _train(model, data, stage - done, seed=seed)
+                names, dirs = _directions(model, x, y, n_random, gen)
             done = stage
-            names, dirs = _directions(model, x, y, n_random, gen)
             theta0 = [p.detach().clone() for p in model.parameters()]
             base = _loss_at(model, names, theta0, x, y)
             for dname, v in dirs.items():
                 rho = _rho(model, names, v, x)
+                step_rho = rho if stale_rho is None else stale_rho[dname]
                 ratios = []
                 for r in R_GRID:
-                    theta = [t + r * rho * d for t, d in zip(theta0, v)]
+                    theta = [t + r * step_rho * d for t, d in zip(theta0, v)]
                     ratios.append(_loss_at(model, names, theta, x, y) / base)
                 onset = next((r for r, q in zip(R_GRID, ratios) if not q <= fail_ratio), None)
-                rows.append({"arch": arch, "stage": stage, "direction": dname, "rho_a": rho,
-                             "loss": base, "ratios": ratios, "onset_r": onset,
-                             "max_ratio_below_1": max(q for r, q in zip(R_GRID, ratios) if r < 1)})
+                row = {"arch": arch, "stage": stage, "direction": dname, "rho_a": step_rho,
+                       "loss": base, "ratios": ratios, "onset_r": onset,
+                       "max_ratio_below_1": max(q for r, q in zip(R_GRID, ratios) if r < 1)}
+                if stale_rho is not None:
+                    row["rho_fresh"] = rho
+                rows.append(row)
             if bar:
                 bar.update()
     if bar:
         bar.close()
-    return {"r_grid": list(R_GRID), "fail_ratio": fail_ratio, "rows": rows}
+    return {"r_grid": list(R_GRID), "fail_ratio": fail_ratio, "stale": stale, "rows": rows}
 
 
 # ---------------------------------------------------------------- (b) spike
@@ -245,14 +265,28 @@ def run_bench(archs, steps, progress=True):
 
 
 def _md_sweep(res):
+    k = res.get("stale", 0)
     lines = [f"Failure = loss ratio L(theta + r rho_a v)/L(theta) > {res['fail_ratio']} on a fixed batch "
-             "of 256 training images.", "",
-             "| model | stage | direction | rho_a | max ratio, r < 1 | failure onset r |",
-             "|---|---|---|---|---|---|"]
+             "of 256 training images."]
+    if k:
+        lines += ["", f"Stale radius: rho_a of each direction measured {k} Adam steps before the stage (the "
+                  "descent direction of that point; the same random directions), then the sweep steps "
+                  f"r rho_stale along the current direction: what SafeStep(reuse_steps={k}) assumes for "
+                  "the steps it does not measure (it skips the JVP only when r <= reuse_margin = 0.5)."]
+    lines += ["", "| model | stage | direction | rho_a | max ratio, r < 1 | failure onset r |"
+              + (" rho_fresh / rho_stale |" if k else ""),
+              "|---|---|---|---|---|---|" + ("---|" if k else "")]
     for r in res["rows"]:
         onset = "none <= 32" if r["onset_r"] is None else f"{r['onset_r']:g}"
+        extra = f" {r['rho_fresh'] / r['rho_a']:.3g} |" if k else ""
         lines.append(f"| {r['arch']} | {r['stage']} | {r['direction']} | {r['rho_a']:.3g} | "
-                     f"{r['max_ratio_below_1']:.3f} | {onset} |")
+                     f"{r['max_ratio_below_1']:.3f} | {onset} |" + extra)
+    if k:
+        q = [r["rho_fresh"] / r["rho_a"] for r in res["rows"]]
+        half = [r for r in res["rows"] if r["onset_r"] is not None and r["onset_r"] <= 0.5]
+        lines += ["", f"Runs failing at r <= 0.5 (a step reuse_steps would skip): {len(half)} of "
+                  f"{len(res['rows'])}. rho_fresh / rho_stale: min {min(q):.3g}, median "
+                  f"{statistics.median(q):.3g}; below 0.5 in {sum(v < 0.5 for v in q)} of {len(q)} runs."]
     fails = [r for r in res["rows"] if r["onset_r"] is not None and r["onset_r"] < 1]
     onsets = [r["onset_r"] for r in res["rows"] if r["onset_r"] is not None]
     lines += ["", f"Runs failing at r < 1: {len(fails)} of {len(res['rows'])}. "
@@ -376,6 +410,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", default="0,50,200", help="training stages for the sweep")
     parser.add_argument("--random-dirs", type=int, default=2, help="random directions per stage")
     parser.add_argument("--fail-ratio", type=float, default=2.0, help="loss ratio counted as failure")
+    parser.add_argument("--stale", type=int, default=0,
+                        help="sweep: measure each radius this many training steps before the stage (0: fresh)")
     parser.add_argument("--bench-steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--no-progress", action="store_true")
@@ -383,7 +419,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _command(args) -> str:
     """The explicit command line that regenerates a report (every option spelled out)."""
-    opts = {"sweep": ["archs", "stages", "random_dirs", "fail_ratio"],
+    opts = {"sweep": ["archs", "stages", "random_dirs", "fail_ratio"] + (["stale"] if args.stale else []),
             "spike": ["archs", "seeds", "steps", "spikes"],
             "temperature": ["archs", "fail_ratio"], "bench": ["archs", "bench_steps"]}
     keys = ["archs", "stages", "random_dirs", "fail_ratio", "seeds", "steps", "spikes", "bench_steps"] \
@@ -400,6 +436,8 @@ def run(args) -> int:
             raise ValueError(f"--archs: unknown architecture {a!r} (choose from {sorted(ARCHITECTURES)})")
     if args.fail_ratio <= 1:
         raise ValueError(f"--fail-ratio must be > 1, got {args.fail_ratio}")
+    if args.stale < 0:
+        raise ValueError(f"--stale must be >= 0, got {args.stale}")
     if args.seeds < 1 or args.steps < 1:
         raise ValueError("--seeds and --steps must be >= 1")
     out = Path(args.out)
@@ -410,7 +448,7 @@ def run(args) -> int:
         clock = common.Stopwatch()
         if name == "sweep":
             stages = sorted(int(s) for s in args.stages.split(","))
-            res = run_sweep(archs, stages, args.random_dirs, args.fail_ratio, progress=progress)
+            res = run_sweep(archs, stages, args.random_dirs, args.fail_ratio, progress=progress, stale=args.stale)
         elif name == "spike":
             spikes = [float(s) for s in args.spikes.split(",")]
             res = run_spike(archs, spikes, list(range(args.seeds)), args.steps, progress=progress)
