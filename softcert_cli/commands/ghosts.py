@@ -231,19 +231,29 @@ def run_temperature(archs, temps, stage, fail_ratio, seed=0, progress=True):
 # ---------------------------------------------------------------- bench
 
 
-def run_bench(archs, steps, progress=True):
+BENCH_VARIANTS = {"bare": None, "safestep": {}, "reuse": {"reuse_steps": 4}}
+
+
+def run_bench(archs, steps, progress=True, previous=None):
+    """Median step time of Adam, SafeStep(Adam) (every step measured) and
+    SafeStep(Adam, reuse_steps=4) (the weaker variant), interleaved in one run (the order
+    rotates every step). ``previous``: arch -> ratio of an earlier run, shown beside the new."""
     data = load_digits_split(0)
     rows = []
     bar = _progress(len(archs), "bench") if progress else None
     for arch in archs:
-        times = {"bare": [], "safestep": []}
-        models = {k: make_model(arch, 0) for k in times}
-        opts = {"bare": torch.optim.Adam(models["bare"].parameters(), 1e-3)}
-        opts["safestep"] = SafeStep(torch.optim.Adam(models["safestep"].parameters(), 1e-3), models["safestep"])
+        times = {k: [] for k in BENCH_VARIANTS}
+        models = {k: make_model(arch, 0) for k in BENCH_VARIANTS}
+        opts = {}
+        for k, kw in BENCH_VARIANTS.items():
+            opts[k] = torch.optim.Adam(models[k].parameters(), 1e-3)
+            if kw is not None:
+                opts[k] = SafeStep(opts[k], models[k], **kw)
+        order = list(BENCH_VARIANTS)
         g = torch.Generator().manual_seed(0)
         for i in range(steps + 5):
             idx = torch.randint(0, len(data[1]), (64,), generator=g)
-            for k in ("bare", "safestep") if i % 2 else ("safestep", "bare"):
+            for k in order[i % 3:] + order[:i % 3]:
                 t0 = time.perf_counter()
                 loss = F.cross_entropy(models[k](data[0][idx]), data[1][idx])
                 opts[k].zero_grad()
@@ -253,7 +263,12 @@ def run_bench(archs, steps, progress=True):
                     times[k].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
         rows.append({"arch": arch, "bare_ms": 1e3 * med["bare"], "safestep_ms": 1e3 * med["safestep"],
-                     "ratio": med["safestep"] / med["bare"]})
+                     "ratio": med["safestep"] / med["bare"], "reuse_ms": 1e3 * med["reuse"],
+                     "reuse_ratio": med["reuse"] / med["bare"],
+                     "previous_ratio": (previous or {}).get(arch)})
+        for o in opts.values():
+            if isinstance(o, SafeStep):
+                o.remove_hook()
         if bar:
             bar.update()
     if bar:
@@ -326,10 +341,15 @@ def _md_temperature(res):
 
 def _md_bench(res):
     lines = [f"Median step time (forward + backward + step), batch {res['batch']}, "
-             f"{res['steps']} interleaved steps, {res['threads']} thread(s).", "",
-             "| model | Adam (ms) | SafeStep(Adam) (ms) | ratio |", "|---|---|---|---|"]
+             f"{res['steps']} interleaved steps, {res['threads']} thread(s). Ratios over Adam measured in this "
+             "run; \"before\" is the ratio of the report this one replaced (its own run).", "",
+             "| model | Adam (ms) | SafeStep(Adam) (ms) | ratio | ratio before | reuse_steps=4 (ms) | ratio |",
+             "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['arch']} | {r['bare_ms']:.2f} | {r['safestep_ms']:.2f} | {r['ratio']:.2f} |")
+        before = "" if r.get("previous_ratio") is None else f"{r['previous_ratio']:.2f}"
+        reuse = (f"{r['reuse_ms']:.2f} | {r['reuse_ratio']:.2f}") if "reuse_ms" in r else " | "
+        lines.append(f"| {r['arch']} | {r['bare_ms']:.2f} | {r['safestep_ms']:.2f} | {r['ratio']:.2f} | "
+                     f"{before} | {reuse} |")
     return lines
 
 
@@ -376,9 +396,13 @@ def _plot(name, res, path):
         axes[1].axhline(1.0, color="k", ls="--", lw=1)
         axes[0].legend(fontsize=7)
     else:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.bar([r["arch"] for r in res["rows"]], [r["ratio"] for r in res["rows"]])
-        ax.axhline(1.6, color="r", ls="--", lw=1, label="target 1.6")
+        fig, ax = plt.subplots(figsize=(8, 4))
+        pos = np.arange(len(res["rows"]))
+        series = [("ratio before", "previous_ratio"), ("SafeStep", "ratio"), ("reuse_steps=4", "reuse_ratio")]
+        for k, (label, key) in enumerate(series):
+            ax.bar(pos + 0.27 * (k - 1), [r.get(key) or 0.0 for r in res["rows"]], 0.27, label=label)
+        ax.set_xticks(pos, [r["arch"] for r in res["rows"]])
+        ax.axhline(1.3, color="r", ls="--", lw=1, label="target 1.3")
         ax.set_ylabel("SafeStep / Adam step time")
         ax.legend()
     common.save_figure(fig, path, dpi=110)
@@ -428,6 +452,15 @@ def _command(args) -> str:
         ("--" + k.replace("_", "-"), str(getattr(args, k))) for k in keys + ["threads"]])
 
 
+def _previous_ratios(path: Path):
+    """arch -> SafeStep/Adam ratio of the bench report about to be replaced (None if absent)."""
+    import json
+
+    if not path.exists():
+        return None
+    return {r["arch"]: r["ratio"] for r in json.loads(path.read_text()).get("rows", [])}
+
+
 def run(args) -> int:
     torch.set_num_threads(args.threads)
     archs = [a.strip() for a in args.archs.split(",") if a.strip()]
@@ -455,7 +488,7 @@ def run(args) -> int:
         elif name == "temperature":
             res = run_temperature(archs, TEMPERATURES, 200, args.fail_ratio, progress=progress)
         else:
-            res = run_bench(archs, args.bench_steps, progress=progress)
+            res = run_bench(archs, args.bench_steps, progress=progress, previous=_previous_ratios(out / "bench.json"))
         write_report(name, res, out, command, clock.seconds)
         print(f"{name}: wrote {out / name}.{{json,md,png}} in {clock.seconds:.0f} s")
     return 0
