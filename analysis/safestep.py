@@ -245,11 +245,12 @@ def logit_slopes(model: nn.Module, tangents: dict, args=(), kwargs=None, params=
     kwargs = kwargs or {}
     named = dict(model.named_parameters())
     primal = {k: (params[k] if params is not None and k in params else v).detach() for k, v in named.items()}
-    slots, modules = _cache if _cache is not None else (None, None)
+    # _cache: (slots, module lists) kept by SafeStepGuard across steps
+    slots, modules = _cache if _cache is not None else (_Slots(model), None)
     with measurement_mode(model, modules), fwAD.dual_level():
         duals = {k: (fwAD.make_dual(primal[k], tangents[k].detach()) if k in tangents else primal[k])
                  for k in primal}
-        if slots is not None and not slots.parametrized:
+        if not slots.parametrized:
             with slots.swapped(duals):
                 out = model(*args, **kwargs)
         else:
