@@ -167,25 +167,51 @@ def run_sweep(archs, stages, n_random, fail_ratio, seed=0, progress=True, stale=
 # ---------------------------------------------------------------- (b) spike
 
 
-def run_spike(archs, spikes, seeds, steps, progress=True):
+def _spike_accuracy(arch, spike, method, seed, steps, threads=None):
+    """Final test accuracy of one LR-spike run (a top-level function: it runs in worker
+    processes too; each run seeds its own model and batch order, so the order of runs and the
+    process they run in do not change the result)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
     data = load_digits_split(0)
+    torch.manual_seed(seed)
+    model = _train(make_model(arch, seed), data, steps, seed=seed, spike=spike, method=method)
+    acc = _accuracy(model, data[2], data[3])
+    return acc if math.isfinite(acc) else 0.0
+
+
+def run_spike(archs, spikes, seeds, steps, progress=True, jobs=1):
+    """``jobs`` > 1: the runs are spread over that many worker processes (spawned, one torch
+    thread each); the table is the same."""
+    runs = [(arch, spike, method, seed) for arch in archs for spike in spikes for method in METHODS
+            for seed in seeds]
+    bar = _progress(len(runs), "spike") if progress else None
+    accs = {}
+    if jobs > 1:
+        import concurrent.futures
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools start is unsafe
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(_spike_accuracy, *r, steps, torch.get_num_threads()): r for r in runs}
+            for f in concurrent.futures.as_completed(futures):
+                accs[futures[f]] = f.result()
+                if bar:
+                    bar.update()
+    else:
+        for r in runs:
+            accs[r] = _spike_accuracy(*r, steps)
+            if bar:
+                bar.update()
+    if bar:
+        bar.close()
     out = []
-    bar = _progress(len(archs) * len(spikes) * len(METHODS) * len(seeds), "spike") if progress else None
     for arch in archs:
         for spike in spikes:
             for method in METHODS:
-                accs = []
-                for seed in seeds:
-                    torch.manual_seed(seed)
-                    model = _train(make_model(arch, seed), data, steps, seed=seed, spike=spike, method=method)
-                    acc = _accuracy(model, data[2], data[3])
-                    accs.append(acc if math.isfinite(acc) else 0.0)
-                    if bar:
-                        bar.update()
-                out.append({"arch": arch, "spike": spike, "method": method, "accuracies": accs,
-                            "median": statistics.median(accs)})
-    if bar:
-        bar.close()
+                a = [accs[(arch, spike, method, seed)] for seed in seeds]
+                out.append({"arch": arch, "spike": spike, "method": method, "accuracies": a,
+                            "median": statistics.median(a)})
     return {"steps": steps, "seeds": list(seeds), "rows": out}
 
 
@@ -447,15 +473,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="sweep: measure each radius this many training steps before the stage (0: fresh)")
     parser.add_argument("--bench-steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes for the spike test (same table; 2 on a 2-core machine)")
     parser.add_argument("--no-progress", action="store_true")
 
 
 def _command(args) -> str:
     """The explicit command line that regenerates a report (every option spelled out)."""
     opts = {"sweep": ["archs", "stages", "random_dirs", "fail_ratio"] + (["stale"] if args.stale else []),
-            "spike": ["archs", "seeds", "steps", "spikes"],
+            "spike": ["archs", "seeds", "steps", "spikes"] + (["jobs"] if args.jobs > 1 else []),
             "temperature": ["archs", "fail_ratio"], "bench": ["archs", "bench_steps"]}
     keys = ["archs", "stages", "random_dirs", "fail_ratio", "seeds", "steps", "spikes", "bench_steps"] \
+        + (["stale"] if args.stale else []) + (["jobs"] if args.jobs > 1 else []) \
         if args.experiment == "all" else opts[args.experiment]
     return common.spelled_out(f"ghosts {args.experiment}", [("--out", args.out)] + [
         ("--" + k.replace("_", "-"), str(getattr(args, k))) for k in keys + ["threads"]])
@@ -478,6 +507,8 @@ def run(args) -> int:
             raise ValueError(f"--archs: unknown architecture {a!r} (choose from {sorted(ARCHITECTURES)})")
     if args.fail_ratio <= 1:
         raise ValueError(f"--fail-ratio must be > 1, got {args.fail_ratio}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     if args.stale < 0:
         raise ValueError(f"--stale must be >= 0, got {args.stale}")
     if args.seeds < 1 or args.steps < 1:
@@ -493,7 +524,7 @@ def run(args) -> int:
             res = run_sweep(archs, stages, args.random_dirs, args.fail_ratio, progress=progress, stale=args.stale)
         elif name == "spike":
             spikes = [float(s) for s in args.spikes.split(",")]
-            res = run_spike(archs, spikes, list(range(args.seeds)), args.steps, progress=progress)
+            res = run_spike(archs, spikes, list(range(args.seeds)), args.steps, progress=progress, jobs=args.jobs)
         elif name == "temperature":
             res = run_temperature(archs, TEMPERATURES, 200, args.fail_ratio, progress=progress)
         else:
