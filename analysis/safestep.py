@@ -213,11 +213,15 @@ class _Slots:
                 if p is not None and id(p) in canon and (id(mod), pname) not in seen:
                     seen.add((id(mod), pname))
                     self.slots.append((mod, pname, canon[id(p)]))
-        self.names = list(canon.values())
-        self.count = len(canon)
+        self.signature = self._signature(model)
+
+    @staticmethod
+    def _signature(model):
+        return [(n, id(p)) for n, p in model.named_parameters(remove_duplicate=False)]
 
     def valid(self, model) -> bool:
-        return sum(1 for _ in model.parameters()) == self.count
+        """The model still has these parameter objects under these names (ties included)."""
+        return self._signature(model) == self.signature
 
     @contextlib.contextmanager
     def swapped(self, tensors: dict):
@@ -354,10 +358,6 @@ class SafeStepGuard:
 
     @torch.no_grad()
     def _after_step(self, inputs=None) -> float:
-        """Measure the update made since :meth:`before_step` and scale it; returns the scale.
-
-        ``inputs``: the batch (a tensor or a tuple of positional arguments), overriding the
-        recorded ones."""
         if self._old is None:
             raise ValueError("after_step: call before_step(params) first")
         params, old = self._params, self._old

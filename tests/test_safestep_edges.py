@@ -282,3 +282,25 @@ def test_reuse_steps_skips_only_far_from_binding_steps():
         SafeStep(torch.optim.Adam(model.parameters()), model, reuse_steps=-1)
     with pytest.raises(ValueError, match="reuse_margin"):
         SafeStep(torch.optim.Adam(model.parameters()), model, reuse_margin=0.0)
+
+
+def test_parameters_replaced_after_construction_are_measured():
+    """Untying a parameter after the guard was built: the JVP uses the new parameter objects
+    (the guard's radius equals pi / spread of a fresh logit_slopes)."""
+    torch.manual_seed(8)
+    x = torch.rand(6, 8)
+    model = _Tied()
+    guard = SafeStepGuard(model)
+    model.b.weight = nn.Parameter(model.a.weight.detach() * 3)  # untie
+    params = list(model.parameters())
+    old = {n: p.detach().clone() for n, p in model.named_parameters()}
+    guard.before_step(params)
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.5 * torch.randn_like(p))
+    guard.after_step(inputs=x)
+    tang = {n: p.detach() - old[n] for n, p in model.named_parameters()}
+    _, a = logit_slopes(model, tang, (x,), params=old)
+    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in tang.values()))
+    spread = float((a.amax(1) - a.amin(1)).max())
+    assert guard.last_rho_a == pytest.approx(math.pi / spread * norm, rel=1e-5)
