@@ -13,7 +13,8 @@ SafeStepCallback`` imports transformers then), so the library does not depend on
 - ``SafeStepLightningCallback`` (lightning.pytorch.Callback): attaches a guard to each of
   ``trainer.optimizers`` through torch's optimizer step hooks at ``on_fit_start``; the batch
   is every forward of the LightningModule (or of its submodule ``module``) with gradients on.
-Both keep ``history``: the :class:`analysis.safestep.SafeStepState` of every step.
+Both keep ``history``: the :class:`analysis.safestep.SafeStepState` of every step. Options are
+those of :class:`analysis.safestep.SafeStepGuard` (``reuse_steps``: the weaker, cheaper variant).
 """
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ import functools
 __all__ = ["SafeStepCallback", "SafeStepLightningCallback"]  # noqa: F822 (module __getattr__ builds them)
 
 
-def _options(target_ratio, method, logits_fn, accumulation):
-    from analysis.safestep import SafeStepController
+def _options(target_ratio, method, logits_fn, accumulation, reuse_steps):
+    from torch import nn
 
-    SafeStepController(target_ratio, method)  # validates now, not at the first step
-    return {"target_ratio": target_ratio, "method": method, "logits_fn": logits_fn, "accumulation": accumulation}
+    from analysis.safestep import SafeStepGuard
+
+    options = {"target_ratio": target_ratio, "method": method, "logits_fn": logits_fn,
+               "accumulation": accumulation, "reuse_steps": reuse_steps}
+    SafeStepGuard(nn.Linear(1, 2), **options).remove()  # validates the options now, not at the first step
+    return options
 
 
 @functools.cache
@@ -39,8 +44,8 @@ def _hf_callback():
         """Hugging Face Trainer callback: ``Trainer(..., callbacks=[SafeStepCallback()])``."""
 
         def __init__(self, target_ratio: float = 1.0, method: str = "pi", logits_fn=None,
-                     accumulation: str = "all"):
-            self.options = _options(target_ratio, method, logits_fn, accumulation)
+                     accumulation: str = "all", reuse_steps: int = 0):
+            self.options = _options(target_ratio, method, logits_fn, accumulation, reuse_steps)
             self.guard = None
 
         @property
@@ -91,8 +96,8 @@ def _lightning_callback():
         """
 
         def __init__(self, target_ratio: float = 1.0, method: str = "pi", logits_fn=None,
-                     accumulation: str = "all", module: str | None = None):
-            self.options = _options(target_ratio, method, logits_fn, accumulation)
+                     accumulation: str = "all", reuse_steps: int = 0, module: str | None = None):
+            self.options = _options(target_ratio, method, logits_fn, accumulation, reuse_steps)
             self.module = module
             self.guards = []
 

@@ -103,6 +103,8 @@ def test_callback_options_validated():
 
     with pytest.raises(ValueError, match="target_ratio"):
         SafeStepCallback(target_ratio=-1.0)
+    with pytest.raises(ValueError, match="reuse_steps"):
+        SafeStepCallback(reuse_steps=-2)
     with pytest.raises(AttributeError):
         import analysis.callbacks as cbm
 
