@@ -40,7 +40,7 @@ from torch.nn.utils import parametrize
 from analysis.ghosts import radius_lower_bound_batch
 from kernels.floating import U64
 
-__all__ = ["SafeStepState", "SafeStepController", "SafeStepWarning", "logit_slopes", "measurement_mode",
+__all__ = ["SafeStepState", "SafeStepController", "SafeStepWarning", "logit_slopes", "measurement_mode", "pi_rho",
            "SafeStepGuard", "SafeStep", "ACCUMULATION"]
 
 ACCUMULATION = ("all", "last")
