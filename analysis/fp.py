@@ -869,7 +869,7 @@ def minilm_qkv(sentences=None, max_length: int = 128, model_dir=None):
         for li, layer in enumerate(model.encoder.layer):
             sa = layer.attention.self
             for name in ("query", "key", "value"):
-                def hook(_mod, _inp, res, li=li, name=name):
+                def hook(_mod, _inp, res, li=li, name=name, seen=seen):
                     seen[(li, name)] = res.detach()
                 hooks.append(getattr(sa, name).register_forward_hook(hook))
         try:
@@ -888,3 +888,39 @@ def minilm_qkv(sentences=None, max_length: int = 128, model_dir=None):
             tensors.append(torch.stack(per_layer).to(torch.float32).contiguous())
         out.append(tuple(tensors))
     return out
+
+
+ATTENTION_STRESS = ("equal_scores", "ascending", "spike_last", "large_scores", "cancellation",
+                    "wide_range", "random")
+
+
+def attention_stress_inputs(kind: str, n: int, d: int, rng):
+    """(q (1, 4, d), k (1, n, d), v (1, n, 8)) float32 inputs that stress one error term of
+    the attention bound (``ATTENTION_STRESS`` names them; "random" is plain N(0, 1))."""
+    if kind not in ATTENTION_STRESS:
+        raise ValueError(f"kind: expected one of {ATTENTION_STRESS}, got {kind!r}")
+    q = rng.normal(size=(1, 4, d))
+    k = rng.normal(size=(1, n, d))
+    v = rng.normal(size=(1, n, 8))
+    if kind == "equal_scores":  # the summation error (K) dominates: one score 1, the rest 0,
+        q[:] = 0.0  # so n - 1 equal weights e^{-1} round the same way at every addition
+        q[..., 0] = 1.0
+        k[:] = 0.0
+        k[0, 0, 0] = math.sqrt(d)
+        v = 1.0 + rng.random(size=(1, n, 8)) * 2.0 ** -10
+    elif kind == "ascending":  # the max grows in every tile: one rescale per tile
+        q[:] = 0.0
+        q[..., 0] = 1.0
+        k[..., 0] = np.linspace(0.0, 40.0, n)
+    elif kind == "spike_last":  # one key far above the rest, in the last tile
+        k[0, -1] *= 12.0
+    elif kind == "large_scores":  # scores of magnitude ~100: the score rounding dominates
+        q *= 6.0
+        k *= 6.0
+    elif kind == "cancellation":  # values of both signs whose weighted mean is ~0
+        q *= 0.1
+        v = np.concatenate([v[:, : n // 2], -v[:, : n - n // 2]], axis=1)
+    elif kind == "wide_range":  # spreads over 200: exps below the float32 normal range
+        k[..., 0] = rng.uniform(-1, 1, size=n) * 60.0
+        q[..., 0] = 20.0
+    return tuple(np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v))

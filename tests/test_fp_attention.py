@@ -45,44 +45,14 @@ def check(q, k, v, block):
     return float(np.max(err / bound))
 
 
-def adversarial(kind: str, n: int, d: int, rng):
-    """(q (1, 4, d), k (1, n, d), v (1, n, dv)) float32 inputs that stress one error term."""
-    q = rng.normal(size=(1, 4, d))
-    k = rng.normal(size=(1, n, d))
-    v = rng.normal(size=(1, n, 8))
-    if kind == "equal_scores":  # the summation error (K) dominates: one score 1, the rest 0,
-        q[:] = 0.0  # so n - 1 equal weights e^{-1} round the same way at every addition
-        q[..., 0] = 1.0
-        k[:] = 0.0
-        k[0, 0, 0] = math.sqrt(d)
-        v = 1.0 + rng.random(size=(1, n, 8)) * 2.0 ** -10
-    elif kind == "ascending":  # the max grows in every tile: one rescale per tile
-        q[:] = 0.0
-        q[..., 0] = 1.0
-        k[..., 0] = np.linspace(0.0, 40.0, n)
-    elif kind == "spike_last":  # one key far above the rest, in the last tile
-        k[0, -1] *= 12.0
-    elif kind == "large_scores":  # scores of magnitude ~100: the score rounding dominates
-        q *= 6.0
-        k *= 6.0
-    elif kind == "cancellation":  # values of both signs whose weighted mean is ~0
-        q *= 0.1
-        v = np.concatenate([v[:, : n // 2], -v[:, : n - n // 2]], axis=1)
-    elif kind == "wide_range":  # spreads over 200: exps below the float32 normal range
-        k[..., 0] = rng.uniform(-1, 1, size=n) * 60.0
-        q[..., 0] = 20.0
-    return tuple(np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v))
-
-
-KINDS = ("equal_scores", "ascending", "spike_last", "large_scores", "cancellation",
-         "wide_range", "random")
+KINDS = fp.ATTENTION_STRESS
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("block", BLOCKS)
 def test_bound_holds_on_adversarial_inputs(kind, block):
     rng = np.random.default_rng(abs(hash(kind)) % 2**32)
-    worst = check(*adversarial(kind, 700, 16, rng), block)
+    worst = check(*fp.attention_stress_inputs(kind, 700, 16, rng), block)
     assert worst > 0.0
 
 
@@ -90,7 +60,7 @@ def test_bound_is_not_loose_where_the_arithmetic_is_the_error():
     """Equal weights over 4096 keys in one tile of 4096: the measured error reaches a sizeable
     fraction of the bound (a bound 1000x above every error would be weak, DESIGN.md §5)."""
     rng = np.random.default_rng(1)
-    q, k, v = adversarial("equal_scores", 4096, 8, rng)
+    q, k, v = fp.attention_stress_inputs("equal_scores", 4096, 8, rng)
     worst = max(check(q, k, v, b) for b in (4096, 512))
     assert worst > 1e-2
 
@@ -101,7 +71,7 @@ def test_the_bound_is_an_oracle_that_can_fail():
     rng = np.random.default_rng(2)
     violated = False
     for kind in ("equal_scores", "large_scores", "random"):
-        q, k, v = adversarial(kind, 700, 16, rng)
+        q, k, v = fp.attention_stress_inputs(kind, 700, 16, rng)
         res = fp.attention(q, k, v, block=64)
         err = np.abs(res.out.astype(np.float64) - reference64(q, k, v))
         violated |= bool((err > res.bound / 30).any())
@@ -145,7 +115,7 @@ def test_property_bound_holds_across_regimes(n, d, block, qk_scale, v_scale, see
 def test_a_priori_bound_dominates_the_a_posteriori_one():
     rng = np.random.default_rng(4)
     for kind in KINDS:
-        q, k, v = adversarial(kind, 500, 16, rng)
+        q, k, v = fp.attention_stress_inputs(kind, 500, 16, rng)
         s = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) / 4.0
         spread = float((s.max(-1, keepdims=True) - s).max()) * 1.001 + 1e-3
         qk_abs = float((np.abs(q[..., :, None, :].astype(np.float64))
