@@ -190,3 +190,33 @@ def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, block: int, u: 
     chunks = max(1, min(g_count * nq, 8 * get_num_threads()))
     attention_rows(q, k, v, int(block), scale, u, ue, q32, out, bound, rescales, chunks)
     return out, bound, rescales
+
+
+@njit(cache=True, parallel=True)
+def _bound_rows(q, k, v, scores, big_m, rescales, block, u, ue, q32, bound, chunks):
+    g_count, nq, _ = q.shape
+    dv = v.shape[2]
+    rows = g_count * nq
+    for ch in prange(chunks):
+        nsum = np.empty(dv)
+        asum = np.empty(dv)
+        ssum = np.empty(dv)
+        for r in range(ch * rows // chunks, (ch + 1) * rows // chunks):
+            g = r // nq
+            i = r - g * nq
+            _row_bound(q[g, i], k[g], v[g], scores[g, i], big_m[g, i], rescales[g, i], block,
+                       u, ue, q32, nsum, asum, ssum, bound[g, i])
+
+
+def attention_bound(q, k, v, scores, big_m, rescales, block: int, u: float, ue: float,
+                    q32: float) -> np.ndarray:
+    """The bound of the module docstring for a forward pass run elsewhere (the Triton kernel):
+    its float32 scores (G, nq, n), final running max (G, nq) and rescale counts (G, nq).
+    Valid for any kernel with this algorithm's structure (any order inside a tile)."""
+    q, k, v, scores = (np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v, scores))
+    big_m = np.ascontiguousarray(big_m, dtype=np.float32)
+    rescales = np.ascontiguousarray(rescales, dtype=np.int64)
+    bound = np.empty((q.shape[0], q.shape[1], v.shape[2]))
+    chunks = max(1, min(q.shape[0] * q.shape[1], 8 * get_num_threads()))
+    _bound_rows(q, k, v, scores, big_m, rescales, int(block), u, ue, q32, bound, chunks)
+    return bound
