@@ -11,6 +11,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import brute_force_extrema
+from test_kernels_vertex import assert_within_margin
+
+import bounds
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of triton
 pytest.importorskip("triton")  # the optional `triton` extra (make test installs it)
@@ -69,3 +73,58 @@ def test_attention_torch_tensors_and_shapes():
     assert res.out.shape == (2, 3, 4, 5) and res.backend == "triton"
     ref = torch.from_numpy(reference64(q.numpy(), k.numpy(), v.numpy()))
     assert ((res.out.double() - ref).abs() <= res.bound + 1e-12).all()
+
+
+# ----------------------------------------------------------------------------- vertex
+
+
+@pytest.mark.parametrize("rows,n", [(40, 1), (30, 7), (12, 33)])
+def test_vertex_triton_matches_numba_within_the_margin_and_is_sound(rows, n):
+    rng = np.random.default_rng(rows + n)
+    c = torch.tensor(rng.normal(size=(rows, n)))
+    lo = torch.tensor(rng.normal(size=(rows, n)) * 4)
+    hi = lo + torch.tensor(rng.exponential(size=(rows, n)))
+    lo[::5, 0] = float("-inf")
+    if n > 1:
+        lo[::7, -1] = hi[::7, -1] = float("-inf")
+    t = bounds.vertex_softmax(c, lo, hi, backend="triton")
+    nb = bounds.vertex_softmax(c, lo, hi, backend="numba")
+    assert_within_margin(t, nb, c, lo, hi)
+    for r in range(0, rows, 6):
+        assert bounds.check_certificate(c[r], lo[r], hi[r], t.upper[r].item()).holds
+        assert bounds.check_certificate(c[r], lo[r], hi[r], t.lower[r].item(), sense="lower").holds
+
+
+def test_vertex_triton_exact_against_brute_force_including_stalls_and_robust_rows():
+    """Random boxes, the stalled row of tests/test_kernels_dinkelbach.py and a row whose
+    weights leave the fast path: every bound within 1e-9 of the 50-digit optimum."""
+    rng = np.random.default_rng(5)
+    rows = [(rng.normal(size=6) * 3, lo := rng.normal(size=6) * 4, lo + rng.exponential(size=6))
+            for _ in range(6)]
+    rows.append((np.array([0.0077753672332860095, 0.009140629289713511, -0.003583354387416221]),
+                 np.array([5.904595162260881, 63.9006806930976, -3.530350695088374]),
+                 np.array([119.88569787899021, 63.9007158660632, 161.86688445768536])))
+    rows.append((np.array([1.0, -2.0, 0.5]), np.array([-900.0, 0.0, -10.0]),
+                 np.array([-800.0, 1.0, 5.0])))
+    for c, lo, hi in rows:
+        res = bounds.vertex_softmax(c, lo, hi, backend="triton")
+        worst, best = brute_force_extrema(c, lo, hi)
+        scale = max(abs(float(best)), abs(float(worst)), float(np.abs(c).max()))
+        assert float(best) <= res.upper.item() + 1e-300 and res.upper.item() - float(best) <= 1e-9 * scale
+        assert res.lower.item() <= float(worst) and float(worst) - res.lower.item() <= 1e-9 * scale
+        assert bounds.check_certificate(c, lo, hi, res.upper.item()).holds
+
+
+def test_triton_dinkelbach_passes_match_numba():
+    """The same iteration in both kernels: pass counts agree up to ties in rounding."""
+    from kernels import vertex as kv
+    from kernels.triton_vertex import dinkelbach_triton
+
+    rng = np.random.default_rng(8)
+    c, lo = rng.normal(size=(20, 16)), rng.normal(size=(20, 16)) * 2
+    hi = lo + rng.random(size=(20, 16))
+    passes = np.zeros((20, 2), dtype=np.int64)
+    kv.vertex_bounds(c, lo, hi, passes_out=passes)
+    _, _, tp, robust = dinkelbach_triton(*(torch.tensor(x) for x in (c, lo, hi)))
+    assert not robust.any()
+    assert (np.abs(tp.numpy() - passes) <= 1).all() and tp.max() <= kv.MAX_PASSES
