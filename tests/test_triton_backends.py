@@ -128,3 +128,14 @@ def test_triton_dinkelbach_passes_match_numba():
     _, _, tp, robust = dinkelbach_triton(*(torch.tensor(x) for x in (c, lo, hi)))
     assert not robust.any()
     assert (np.abs(tp.numpy() - passes) <= 1).all() and tp.max() <= kv.MAX_PASSES
+
+
+def test_bench_says_triton_timing_needs_a_gpu(monkeypatch, capsys):
+    import softcert_cli
+    from softcert_cli.commands import bench
+
+    monkeypatch.setattr(bench, "gpu_available", lambda: False)
+    assert softcert_cli.main(["bench", "--backend", "triton"]) == 0
+    assert "timing needs a GPU" in capsys.readouterr().out
+    res = bench.measure(shapes=((8, 4),), repeats=1, backends=("numba-kernel", "numba-sweep"))
+    assert [r["backend"] for r in res] == ["numba-kernel", "numba-sweep"]
