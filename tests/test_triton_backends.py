@@ -139,3 +139,39 @@ def test_bench_says_triton_timing_needs_a_gpu(monkeypatch, capsys):
     assert "timing needs a GPU" in capsys.readouterr().out
     res = bench.measure(shapes=((8, 4),), repeats=1, backends=("numba-kernel", "numba-sweep"))
     assert [r["backend"] for r in res] == ["numba-kernel", "numba-sweep"]
+
+
+# ----------------------------------------------------------------------------- top-k
+def test_topk_triton_matches_numba_and_torch_within_the_rounding_model():
+    """Tail sums from the Triton kernel, outward rounded by analysis.topk: the proved τ⁺/τ⁻
+    enclose the float64 estimate of every backend, and certified k agree up to a tie
+    within the rounding margin."""
+    from analysis import topk
+
+    rng = np.random.default_rng(11)
+    s = torch.tensor(rng.normal(size=(6, 40)) * 3)
+    s[0, :5] = float("-inf")  # masked keys
+    ks = torch.tensor([0, 1, 5, 20, 39, 40])
+    up = topk.tail_mass(s, ks, rounding="up", backend="triton")
+    down = topk.tail_mass(s, ks, rounding="down", backend="triton")
+    for be in ("torch", "numba"):
+        est = topk.tail_mass(s, ks, backend=be)
+        assert (down <= est).all() and (est <= up).all()
+    # the exact tail mass (mpmath) is inside
+    import mpmath
+
+    with mpmath.workdps(40):
+        for r in range(6):
+            row = [mpmath.mpf(float(x)) for x in s[r] if math.isfinite(float(x))]
+            w = sorted((mpmath.exp(x) for x in row), reverse=True)
+            k = int(ks[r])
+            tau = mpmath.fsum(w[k:]) / mpmath.fsum(w) if k < len(w) else mpmath.mpf(0)
+            assert mpmath.mpf(float(down[r])) <= tau <= mpmath.mpf(float(up[r]))
+    for eps in (0.01, 0.2):
+        ct = topk.certify_topk(s, eps, backend="triton")
+        cn = topk.certify_topk(s, eps, backend="numba")
+        assert (ct.k - cn.k).abs().max() <= 1 and (ct.tail_upper <= eps).all()
+        assert "triton" in ct.method
+    assert topk.certified_k(s, 0.05, backend="triton").shape == (6,)
+    with pytest.raises(ValueError, match="triton"):
+        topk.gap_bound(s, 3, backend="triton")
