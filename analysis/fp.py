@@ -35,7 +35,17 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from kernels.floating import EMIN16, EMIN32, EMIN64, EMINBF16, P16, P32, P64, PBF16
+from kernels.floating import (
+    EMIN16,
+    EMIN32,
+    EMIN64,
+    EMINBF16,
+    P16,
+    P32,
+    P64,
+    PBF16,
+    TRITON_CPU_EXP32_ULPS,
+)
 
 ALGORITHMS = ("three_pass", "two_pass", "online", "blocked", "tree")
 DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -668,7 +678,7 @@ def needed_rel(y_hat, x_rounded, p, bound: ErrorBound) -> float:
 ATTENTION_BACKENDS = ("numba", "triton")
 #: assumed float32 exp accuracy of the Triton backend on the CPU interpreter, where tl.exp is
 #: numpy's float32 exp (SIMD; measured 2.49 ulp on AVX-512 here, tests/test_triton_backends.py)
-TRITON_EXP_ULPS = 4.0
+TRITON_EXP_ULPS = TRITON_CPU_EXP32_ULPS
 ATTENTION_ASSUMPTIONS = (
     "float32 inputs are exact; exact output O = softmax(q k^T / sqrt(d)) v in real arithmetic; "
     "standard model with gradual underflow (round-to-nearest, no flush-to-zero, no fastmath); "

@@ -175,3 +175,26 @@ def test_topk_triton_matches_numba_and_torch_within_the_rounding_model():
     assert topk.certified_k(s, 0.05, backend="triton").shape == (6,)
     with pytest.raises(ValueError, match="triton"):
         topk.gap_bound(s, 3, backend="triton")
+
+
+# ----------------------------------------------------------------------------- FP rows
+def test_fp_rows_triton_bound_covers_its_measured_error_and_matches_numba():
+    """Row statistics from the Triton kernel: the bound covers the measured error of the
+    Triton FP32 three-pass softmax (interpreter exps), the mean gap E_p[m-x] agrees with the
+    Numba kernel's within the inflation both apply, and the numba bound is the smaller
+    (1 ulp exps against the interpreter's 4)."""
+    from kernels import fp_rows
+
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((3, 6, 48)) * np.array([0.5, 5, 50])[:, None, None]).astype(np.float32)
+    x[1, :, 40:] = -np.inf  # masked keys
+    x[2, 0, :] = 0.0
+    x[2, 0, 0] = 1.0  # constant-term stress
+    t = fp_rows.rows_report(x, backend="triton")
+    nb = fp_rows.rows_report(x, backend="numba")
+    assert (t.n == nb.n).all() and (t.max == nb.max).all() and (t.range == nb.range).all()
+    assert np.all(t.measured <= t.bound) and np.all(t.measured > 0)
+    assert np.allclose(t.mean_gap, nb.mean_gap, rtol=1e-12, atol=1e-300)
+    assert np.all(nb.bound <= t.bound)
+    with pytest.raises(ValueError, match="backend"):
+        fp_rows.rows_report(x, backend="cuda")
