@@ -72,20 +72,22 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     batch_shape = c.shape[:-1]
     n = c.shape[-1]
     c2, lo2, hi2 = (t.reshape(-1, n) for t in (c, lo, hi))
-    c2, k = _normalise(c2, hi2)
-    if backend in ("numba", "auto"):
+    if backend in ("numba", "auto"):  # the kernel scales each row itself (same _normalise)
         from kernels.vertex import vertex_bounds
 
         low, up, lo_mask, up_mask = (torch.from_numpy(x) for x in vertex_bounds(
             c2.numpy(), lo2.numpy(), hi2.numpy()))
-    elif backend == "triton":
+        k = None
+    else:
+        c2, k = _normalise(c2, hi2)
+    if backend == "triton":
         from kernels.triton_vertex import dinkelbach_triton
 
         lam, theta, _, robust = dinkelbach_triton(c2, lo2, hi2)
         up, up_mask = _prove_proposal(c2, lo2, hi2, lam[:, 0], theta[:, 0], robust)
         neg_low, lo_mask = _prove_proposal(-c2, lo2, hi2, lam[:, 1], theta[:, 1], robust)
         low = -neg_low
-    else:
+    elif backend == "torch":
         up, up_mask = _max_with_vertex(c2, lo2, hi2)
         neg_low, lo_mask = _max_with_vertex(-c2, lo2, hi2)
         low = -neg_low

@@ -293,6 +293,16 @@ def _prove_once(sign, c, lo, hi, a, b, xa, xb, value, cmax, cmin, scale, xmax, t
 
 
 @njit(cache=True)
+def _unscale(bound, shift, toward):
+    """bound · 2^-shift, moved one ulp ``toward`` ±inf when it lands below the normal range
+    and loses bits (scaling back up is exact, so comparing detects the rounding)."""
+    out = math.ldexp(bound, -shift)
+    if math.ldexp(out, shift) != bound:
+        out = np.nextafter(out, toward)
+    return out
+
+
+@njit(cache=True)
 def _argsort_desc(c, order):
     """Indices of c in descending order; insertion sort for short rows (no allocation)."""
     n = c.shape[0]
@@ -324,6 +334,7 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks, dinkelbach, p
         w1 = np.empty(n + 1)
         w2 = np.empty(n + 1)
         w3 = np.empty(n + 1)
+        cbuf = np.empty(n)
         for r in range(k * rows // chunks, (k + 1) * rows // chunks):
             cr, lr, hr = c[r], lo[r], hi[r]
             top = NEG_INF
@@ -334,6 +345,17 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks, dinkelbach, p
                     cmax = max(cmax, cr[i])
                     cmin = min(cmin, cr[i])
                     scale = max(scale, abs(cr[i]))
+            # scale the row by 2^shift (exact) so that max |c_i| lies in [1, 2): keeps the
+            # products out of the subnormal range (bounds/vertex.py, _normalise)
+            shift = 0
+            if scale > 0.0:
+                shift = max(1 - math.frexp(scale)[1], 0)
+            if shift > 0:
+                for i in range(n):
+                    cbuf[i] = math.ldexp(cr[i], shift)
+                cr = cbuf
+                cmax, cmin = math.ldexp(cmax, shift), math.ldexp(cmin, shift)
+                scale = math.ldexp(scale, shift)
             robust = False
             xmax = 0.0
             num, den = 0.0, 0.0  # the all-upper vertex: Dinkelbach's start for both bounds
@@ -364,15 +386,17 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks, dinkelbach, p
                 lower[r] = -neg
                 if done_lo:
                     passes[r, 1] = npass
-            if done_up and done_lo:
-                continue
-            _argsort_desc(cr, order)
-            if not done_up:
-                upper[r] = _solve(1.0, cr, lr, hr, a, b, xa, xb, order, robust, cmax, cmin,
-                                  scale, xmax, up_mask[r], w1, w2, w3)
-            if not done_lo:
-                lower[r] = -_solve(-1.0, cr, lr, hr, a, b, xa, xb, order, robust, -cmin,
-                                   -cmax, scale, xmax, lo_mask[r], w1, w2, w3)
+            if not (done_up and done_lo):
+                _argsort_desc(cr, order)
+                if not done_up:
+                    upper[r] = _solve(1.0, cr, lr, hr, a, b, xa, xb, order, robust, cmax,
+                                      cmin, scale, xmax, up_mask[r], w1, w2, w3)
+                if not done_lo:
+                    lower[r] = -_solve(-1.0, cr, lr, hr, a, b, xa, xb, order, robust, -cmin,
+                                       -cmax, scale, xmax, lo_mask[r], w1, w2, w3)
+            if shift > 0:
+                upper[r] = _unscale(upper[r], shift, np.inf)
+                lower[r] = _unscale(lower[r], shift, -np.inf)
 
 
 def vertex_bounds(c: np.ndarray, lo: np.ndarray, hi: np.ndarray, method: str = "dinkelbach",
@@ -384,7 +408,8 @@ def vertex_bounds(c: np.ndarray, lo: np.ndarray, hi: np.ndarray, method: str = "
     optional (R, 2) int64 array, receives the Dinkelbach pass counts (0 = the sweep ran).
 
     Inputs: float64 arrays of one shape (R, n), validated by the caller (no NaN, no +inf,
-    lo <= hi, no fully masked row; -inf in hi marks a masked entry). Returns numpy arrays
+    lo <= hi, no fully masked row; -inf in hi marks a masked entry). Each row of c is scaled
+    by an exact power of two inside (max |c_i| in [1, 2)) and the bounds scaled back outward. Returns numpy arrays
     (lower (R,), upper (R,), lower-vertex mask (R, n), upper-vertex mask (R, n)); a mask
     entry is True where the optimal vertex puts that score at its upper bound.
     """
