@@ -201,3 +201,17 @@ def test_minilm_every_layer_and_head():
         for block in (1, 4, 16, 128):
             worst = max(worst, check(q.numpy(), k.numpy(), v.numpy(), block))
     assert 1e-3 < worst <= 1.0
+
+
+def test_fp_attention_command_small_run(tmp_path, capsys):
+    import json
+
+    import softcert_cli
+
+    rc = softcert_cli.main(["fp", "--attention", "--attention-n", "96", "--attention-sentences",
+                            "0", "--attention-blocks", "8,32", "--out", str(tmp_path)])
+    assert rc == 0
+    res = json.loads((tmp_path / "fp" / "attention_bounds.json").read_text())
+    assert res["violations"] == 0 and res["command"].startswith("softcert fp --attention")
+    md = (tmp_path / "fp" / "attention_bounds.md").read_text()
+    assert "| equal_scores | 96 | 64 |" in md and "block 32" in md

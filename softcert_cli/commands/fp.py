@@ -40,6 +40,8 @@ def configure(parser) -> None:
                         help="only the FP32 attention study: writes <out>/fp/attention_bounds.md/.json")
     parser.add_argument("--attention-blocks", default="16,32,64,128,256",
                         help="tile sizes of the attention study")
+    parser.add_argument("--attention-n", type=int, default=4096,
+                        help="keys of the adversarial inputs in the attention study")
     parser.add_argument("--attention-sentences", type=int, default=32,
                         help="MiniLM corpus sentences in the attention study (0: none)")
 
@@ -214,16 +216,16 @@ def _merge(acc, cells):
         a["median_bound_over_measured"].append(c["median_bound_over_measured"])
 
 
-def attention_study(blocks, sentences: int, seed: int, progress=None):
-    """The attention bound against float64 references: adversarial inputs (n = 4096, d = 64)
+def attention_study(blocks, sentences: int, seed: int, progress=None, n: int = 4096):
+    """The attention bound against float64 references: adversarial inputs (n keys, d = 64)
     and all-MiniLM-L6-v2 q/k/v of every layer and head of the first ``sentences`` sentences."""
     rng = np.random.default_rng(seed)
     rows = []
     for kind in fp.ATTENTION_STRESS:
-        q, k, v = fp.attention_stress_inputs(kind, 4096, 64, rng)
+        q, k, v = fp.attention_stress_inputs(kind, n, 64, rng)
         acc = {}
         _merge(acc, _attention_cells(q, k, v, blocks))
-        rows.append({"source": kind, "n": 4096, "d": 64, "cells": acc})
+        rows.append({"source": kind, "n": n, "d": 64, "cells": acc})
         if progress is not None:
             progress(1)
     if sentences > 0:
@@ -240,7 +242,7 @@ def attention_study(blocks, sentences: int, seed: int, progress=None):
     for r in rows:
         for c in r["cells"].values():
             c["median_bound_over_measured"] = float(np.median(c["median_bound_over_measured"]))
-    apriori = {b: fp.attention_error_bound(4096, 64, b).coeff_in_u for b in blocks}
+    apriori = {b: fp.attention_error_bound(n, 64, b).coeff_in_u for b in blocks}
     return rows, apriori
 
 
@@ -264,7 +266,7 @@ def _write_attention_md(out, res):
             cells.append(f"{c['max_bound_u']:,.1f} / {c['max_measured_u']:,.2f} "
                          f"[{c['max_measured_over_bound']:.3f}; {c['median_bound_over_measured']:.1f}x]")
         L.append(f"| {r['source']} | {r['n']} | {r['d']} | " + " | ".join(cells) + " |")
-    L += ["", "A-priori coefficient (`analysis.fp.attention_error_bound(4096, 64, block)`, "
+    L += ["", f"A-priori coefficient (`analysis.fp.attention_error_bound({res['n']}, 64, block)`, "
           "any score spread, score rounding excluded), in u per unit max|v|: "
           + ", ".join(f"block {b}: {res['apriori'][str(b)] if str(b) in res['apriori'] else res['apriori'][b]:,.0f}"
                       for b in blocks) + ".", "",
@@ -278,14 +280,18 @@ def run_attention(args, out: Path) -> int:
         raise ValueError("--attention-blocks: tile sizes must be >= 1")
     if args.attention_sentences < 0:
         raise ValueError("--attention-sentences: must be >= 0")
+    if args.attention_n < 2:
+        raise ValueError("--attention-n: must be >= 2")
     cmd = common.command_line(args, "fp")
     clock = common.Stopwatch()
     total = len(fp.ATTENTION_STRESS) + (1 if args.attention_sentences else 0)
     with common.progress(total=total, desc="attention study") as bar:
-        rows, apriori = attention_study(blocks, args.attention_sentences, args.seed, bar.update)
+        rows, apriori = attention_study(blocks, args.attention_sentences, args.seed, bar.update,
+                                        args.attention_n)
     violations = sum(1 for r in rows for c in r["cells"].values()
                      if c["max_measured_over_bound"] > 1)
     res = {"command": cmd, "seconds": clock.seconds, "blocks": blocks, "rows": rows,
+           "n": args.attention_n,
            "apriori": apriori, "violations": violations,
            "assumptions": fp.ATTENTION_ASSUMPTIONS}
     common.write_json(out / "attention_bounds.json", res)
