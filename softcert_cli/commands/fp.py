@@ -231,12 +231,16 @@ def attention_study(blocks, sentences: int, seed: int, progress=None, n: int = 4
     if sentences > 0:
         from analysis.attention import load_corpus
 
+        # passages of 8 corpus sentences, truncated to 128 tokens: rows long enough for
+        # the tile size to matter
+        corpus = load_corpus()[:sentences]
+        texts = [" ".join(corpus[i:i + 8]) for i in range(0, len(corpus), 8)]
         acc, n_max = {}, 0
-        for q, k, v in fp.minilm_qkv(load_corpus()[:sentences]):
+        for q, k, v in fp.minilm_qkv(texts, max_length=128):
             _merge(acc, _attention_cells(q.numpy(), k.numpy(), v.numpy(), blocks))
             n_max = max(n_max, q.shape[-2])
-        rows.append({"source": f"MiniLM, {sentences} sentences x 6 layers x 12 heads",
-                     "n": n_max, "d": 32, "cells": acc})
+        rows.append({"source": f"MiniLM, {len(texts)} passages ({sentences} sentences) x 6 "
+                               "layers x 12 heads", "n": n_max, "d": 32, "cells": acc})
         if progress is not None:
             progress(1)
     for r in rows:
