@@ -11,6 +11,7 @@ which checks correctness and says nothing about speed), and is skipped with a me
 """
 from __future__ import annotations
 
+import os
 import platform
 from functools import partial
 from pathlib import Path
@@ -34,6 +35,13 @@ def _runner(backend, c, lo, hi):
         method = "dinkelbach" if backend == "numba-kernel" else "sweep"
         return partial(vertex_bounds, cn, ln, hn, method=method)
     return partial(bounds.vertex_softmax, c, lo, hi, backend=backend)
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:  # not available on this platform
+        return "unknown"
 
 
 def gpu_available() -> bool:
@@ -72,8 +80,10 @@ def to_markdown(results, command: str) -> str:
         "(kernels.vertex.vertex_bounds), Dinkelbach / sort-and-sweep, without the validation",
         "and scaling of bounds.vertex_softmax.",
         "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
-        f"torch {torch.__version__}.",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
+        f"threads, torch {torch.__version__}; load average {_load()} when the table was written "
+        "(other jobs on a shared machine slow multi-threaded torch calls most, so ratios move "
+        "with it).",
         "",
         "| rows | n | backend | seconds | rows·n / s | torch.sort seconds | ratio to sort |",
         "|---|---|---|---|---|---|---|",
