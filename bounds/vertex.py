@@ -238,6 +238,21 @@ def certificate_gap(c, lo, hi, lam):
     return terms.sum(-1), err, w.sum(-1)
 
 
+def _bisect(c, lo, hi, failed, bound, scale, steps: int = 64):
+    """The smallest proved λ in (failed, bound] to 1e-12 (1 + scale), by bisection on the
+    certificate; ``bound`` is proved on entry and every accepted λ is proved."""
+    for _ in range(steps):
+        open_ = bound - failed > 1e-12 * (1 + scale)
+        if not open_.any():
+            break
+        mid = failed + (bound - failed) / 2
+        g, err, _ = certificate_gap(c, lo, hi, mid)
+        ok = (g <= -err) & open_
+        bound = torch.where(ok, mid, bound)
+        failed = torch.where(open_ & ~ok, mid, failed)
+    return bound
+
+
 def certify_upper(c, lo, hi, value, max_rounds: int = 64) -> torch.Tensor:
     """Smallest proved upper bound λ >= value (up to a rounding margin) on max c·softmax(s).
 
@@ -250,16 +265,24 @@ def certify_upper(c, lo, hi, value, max_rounds: int = 64) -> torch.Tensor:
     g, err, dsum = certificate_gap(c, lo, hi, value)
     step = first_step(g.clamp(min=0), err, dsum.clamp(min=TINY), value, scale)
     bound = value.clone()
+    failed = value.clone()  # the largest trial not proved, per row
     proved = torch.zeros_like(value, dtype=torch.bool)
     for _ in range(max_rounds):
         trial = torch.maximum(value + step, torch.nextafter(value, torch.full_like(value, 1e308)))
         g, err, _ = certificate_gap(c, lo, hi, trial)
         ok = (g <= -err) & ~proved
         bound = torch.where(ok, trial, bound)
+        failed = torch.where(~ok & ~proved, trial, failed)
         proved |= ok
         if proved.all():
             break
         step = torch.where(proved, step, 4 * step)
     bound = torch.where(proved, bound, cmax)
+    # a row whose first trial failed had a proposal far from the optimum (e.g. the sweep's
+    # log-sums absorbed scores ~1e290 apart): the geometric widening overshoots, so bisect
+    # between its largest failed trial and the proved bound; every accepted λ is proved
+    idx = (proved & (failed > value) & (bound - failed > 1e-12 * (1 + scale))).nonzero().flatten()
+    if len(idx):
+        bound[idx] = _bisect(c[idx], lo[idx], hi[idx], failed[idx], bound[idx], scale[idx])
     # max_i c_i is itself an upper bound (softmax is a convex combination): keep the smaller
     return torch.minimum(bound, cmax)
