@@ -90,14 +90,17 @@ def lower_bounds(graph, xl, xu, C, method="crown"):
             pv = [a["pv"] for a in graph.attention if a["pv"] is not None]
             if pv:
                 lo = torch.maximum(lo, crown.backward(state, graph.output, C, vertex_pv=set(pv)))
-            # c·softmax(s) exactly over the shifted-score box, row by row (a sum of row minima
-            # is a lower bound of the minimum of the sum)
-            yl, yu = state.bounds[att["shifted"]]
+            # c·softmax(s) exactly over the score box, row by row (a sum of row minima is a
+            # lower bound of the minimum of the sum); both the raw and the shifted scores are
+            # tried: the raw box is the exact one when the scores are (affine in) the input
+            # box, the shifted one is often tighter deeper in a network
             shape = graph.nodes[att["probs"]].shape
             c = C.reshape(C.shape[0], C.shape[1], -1, shape[-1])
-            yl = yl.reshape(yl.shape[0], 1, -1, shape[-1]).expand_as(c)
-            yu = yu.reshape(yu.shape[0], 1, -1, shape[-1]).expand_as(c)
-            lo = torch.maximum(lo, vertex_softmax(c, yl, yu).lower.sum(-1))
+            for key in ("scores", "shifted"):
+                sl, su = state.bounds[att[key]]
+                sl = sl.reshape(sl.shape[0], 1, -1, shape[-1]).expand_as(c)
+                su = su.reshape(su.shape[0], 1, -1, shape[-1]).expand_as(c)
+                lo = torch.maximum(lo, vertex_softmax(c, sl, su).lower.sum(-1))
     return lo.detach()
 
 
