@@ -28,7 +28,7 @@ from onnx import helper, numpy_helper, reference, shape_inference
 
 from certify import ops
 from certify.graph import Graph
-from certify.lowering import F64, Builder, const, is_const
+from certify.lowering import F64, Builder, const
 
 
 @dataclass(frozen=True)

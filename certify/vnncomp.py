@@ -98,6 +98,8 @@ def lower_bounds(graph, xl, xu, C, method="crown"):
             c = C.reshape(C.shape[0], C.shape[1], -1, shape[-1])
             for key in ("scores", "shifted"):
                 sl, su = state.bounds[att[key]]
+                if not (torch.isfinite(sl).all() and torch.isfinite(su).all()):
+                    continue  # an overflowed score bound: the other bounds stand
                 sl = sl.reshape(sl.shape[0], 1, -1, shape[-1]).expand_as(c)
                 su = su.reshape(su.shape[0], 1, -1, shape[-1]).expand_as(c)
                 lo = torch.maximum(lo, vertex_softmax(c, sl, su).lower.sum(-1))
