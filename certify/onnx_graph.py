@@ -10,7 +10,9 @@ input is lowered by ``certify.lowering.Builder`` through the table ``RULES``, on
 operator of ``ONNX_OPERATORS``; any other operator raises ValueError naming its op type and
 node name. Operators whose verifier operator is not registered are composed exactly from
 registered ones: sigmoid(x) = 1 / (1 + exp(-x)), tanh(x) = 2 sigmoid(2x) - 1,
-sqrt(x) = 1 / rsqrt(x); 2-D Conv is im2col (an exact element move) followed by a linear map.
+sqrt(x) = 1 / rsqrt(x), tanh-form GELU from its formula; 2-D Conv is im2col (an exact element
+move) followed by a linear map. Erf is read only inside the exporters' GELU pattern
+x · 0.5 · (1 + erf(x / √2)), which becomes one ``gelu`` node (like ONNX's own Gelu).
 Batch: the model is read at batch 1 (a symbolic first axis counts as 1). The first graph
 input that is not an initializer is the perturbed input; the first graph output is the output.
 """
@@ -132,6 +134,9 @@ def read_onnx(path_or_model) -> OnnxNetwork:
         lw.lower(node, k, env)
     out_name = g.output[0].name
     out = env[out_name]
+    if isinstance(out, _Erf):
+        raise ValueError(f"unsupported ONNX operator Erf (only inside the GELU pattern "
+                         f"x · 0.5 · (1 + erf(x / √2))) before output {out_name!r}")
     if not isinstance(out, int):
         raise ValueError(f"model: output {out_name!r} does not depend on the input {inp.name!r}")
     graph = lw.b.finish(out)
@@ -168,7 +173,9 @@ class _Lowering:
         ins = [env[n] if n else None for n in node.input]
         if node.domain not in ("", "ai.onnx"):
             raise ValueError(f"unsupported {where} (domain {node.domain!r})")
-        if not any(isinstance(v, int) for v in ins):
+        if any(isinstance(v, _Erf) for v in ins):
+            outs = _gelu_step(self, node, name, ins, where)
+        elif not any(isinstance(v, int) for v in ins):
             outs = self._fold(node, ins, where)
         else:
             rule = RULES.get(node.op_type)
@@ -211,7 +218,7 @@ def _as_np(v):
     """Builder values back into the environment: node ids stay ints, constants become numpy."""
     if isinstance(v, torch.Tensor):
         return v.detach().numpy()
-    if isinstance(v, (np.ndarray, int)) or v is None:
+    if isinstance(v, (np.ndarray, int, _Erf)) or v is None:
         return v
     return np.asarray(v)
 
@@ -565,6 +572,75 @@ def _expand(lw, name, at, x, shape):
     return lw.b.expand(x, target, name)
 
 
+# ---------------------------------------------------------------- GELU, erf form
+class _Erf:
+    """A partial match of GELU's erf form on the perturbed node ``x``: ``stage`` "erf" is
+    erf(x/√2), "1+erf" is 1 + erf(x/√2), "x(1+erf)" is x · (1 + erf(x/√2)), "half" is 0.5 x
+    waiting for the factor 1 + erf. Erf has no relaxation of its own: a match that does not
+    complete to 0.5 x (1 + erf(x/√2)) is refused."""
+
+    def __init__(self, stage, x):
+        self.stage, self.x = stage, x
+
+
+def _scalar(v, value):
+    return isinstance(v, np.ndarray) and v.size == 1 and abs(float(v.reshape(-1)[0]) - value) <= 1e-6 * abs(value)
+
+
+def _erf(lw, name, at, x):
+    # the exporter writes erf(x / √2); the builder made x / √2 a mul_const by fl(1/√2)
+    node = lw.b.graph.nodes[x]
+    v = node.params.get("value") if node.op == "mul_const" else None
+    if v is not None and v.numel() == 1 and abs(float(v) - 0.5 ** 0.5) <= 1e-6:
+        return _Erf("erf", node.inputs[0])
+    raise ValueError("Erf outside the GELU pattern x · 0.5 · (1 + erf(x / √2))")
+
+
+def _is_half_of(lw, v, x):
+    if not isinstance(v, int):
+        return False
+    node = lw.b.graph.nodes[v]
+    val = node.params.get("value") if node.op == "mul_const" else None
+    return node.inputs == (x,) and val is not None and val.numel() == 1 and float(val) == 0.5
+
+
+def _gelu_step(lw, node, name, ins, where):
+    """Advance a GELU match (see ``_Erf``) by one Add or Mul; emits the gelu node at the end."""
+    op = node.op_type
+    pending = next(v for v in ins if isinstance(v, _Erf))
+    other = [v for v in ins if v is not pending]
+    if len(ins) == 2 and len(other) == 1:
+        o, x, st = other[0], pending.x, pending.stage
+        if op == "Add" and st == "erf" and _scalar(o, 1.0):
+            return _Erf("1+erf", x)
+        if op == "Mul" and st == "1+erf" and o == x:
+            return _Erf("x(1+erf)", x)
+        if op == "Mul" and st == "x(1+erf)" and _scalar(o, 0.5):
+            return _gelu(lw, x, name)
+        if op == "Mul" and st == "1+erf" and _is_half_of(lw, o, x):
+            return _gelu(lw, x, name)
+    raise ValueError(f"unsupported {where}: Erf is read only inside the GELU pattern x · 0.5 · (1 + erf(x / √2))")
+
+
+def _gelu(lw, x, name, approximate="none"):
+    op = "gelu" if approximate == "none" else "gelu_tanh"
+    if op in ops.OPERATORS:
+        return lw.b.unary(op, x, name)
+    if op == "gelu_tanh":
+        # 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))): exact in registered operators
+        b = lw.b
+        x3 = b.mul(x, b.mul(x, x, name), name)
+        inner = b.mul(b.add(x, b.mul(x3, const(0.044715), name), name), const(math.sqrt(2 / math.pi)), name)
+        t = _tanh(lw, name, {}, inner)
+        return b.mul(b.mul(x, const(0.5), name), b.add(t, const(1.0), name), name)
+    raise ValueError(f"GELU (erf form) needs the verifier operator 'gelu', which is not registered "
+                     f"(registered: {', '.join(sorted(ops.OPERATORS))})")
+
+
+def _gelu_rule(lw, name, at, x):
+    return _gelu(lw, x, name, at.get("approximate", "none"))
+
+
 def _neg(lw, name, at, x):
     return lw.b.neg(x, name)
 
@@ -572,7 +648,7 @@ def _neg(lw, name, at, x):
 RULES = {
     "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _binary("div"),
     "BatchNormalization": _batch_norm, "Cast": _cast, "Concat": _concat, "Conv": _conv,
-    "Dropout": _dropout, "Exp": _unary("exp"), "Expand": _expand, "Flatten": _flatten, "Gather": _gather,
+    "Dropout": _dropout, "Erf": _erf, "Exp": _unary("exp"), "Gelu": _gelu_rule, "Expand": _expand, "Flatten": _flatten, "Gather": _gather,
     "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _binary("matmul"),
     "Neg": _neg, "Pow": _pow, "Reciprocal": _unary("reciprocal"), "ReduceMean": _reduce(True),
     "ReduceSum": _reduce(False), "Relu": _unary("relu"), "Reshape": _reshape, "Shape": _shape,

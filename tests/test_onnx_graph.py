@@ -316,3 +316,32 @@ def test_bad_inputs_raise():
                            (1, 3), (1, 3), 13)
     with pytest.raises(ValueError, match="does not depend on the input"):
         read_onnx(const_out)
+
+
+@pytest.mark.parametrize("approximate,opset", [("none", 13), ("none", 20), ("tanh", 13), ("tanh", 20)])
+def test_gelu_patterns(tmp_path, approximate, opset):
+    """GELU as the exporter writes it: the erf pattern (opset < 20) or the Gelu node (20). The
+    erf form needs the verifier's 'gelu' operator; without it the refusal names it."""
+    from certify import ops
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.GELU(approximate=approximate), nn.Linear(4, 2))
+    path = export(model, torch.zeros(1, 3), tmp_path / "g.onnx", opset)
+    if approximate == "none" and "gelu" not in ops.OPERATORS:
+        with pytest.raises(ValueError, match="GELU \\(erf form\\) needs the verifier operator 'gelu'"):
+            read_onnx(path)
+        return
+    net = read_onnx(path)
+    assert not any(n.op == "erf" for n in net.graph.nodes)
+    x = torch.rand(1, 3) * 4 - 2
+    np.testing.assert_allclose(forward(net, x).detach().numpy()[0], ort_run(path, x), rtol=1e-4, atol=1e-5)
+
+
+def test_erf_outside_the_gelu_pattern_is_refused():
+    m = make_model([helper.make_node("Erf", ["x"], ["y"], name="lonely")], (1, 3), (1, 3), 13)
+    with pytest.raises(ValueError, match="Erf at node 'lonely'.*GELU pattern"):
+        read_onnx(m)
+    m = make_model([helper.make_node("Div", ["x", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["y"])],
+                   (1, 3), (1, 3), 13, [("r2", np.float32(2 ** 0.5))])
+    with pytest.raises(ValueError, match="Erf .*GELU pattern"):
+        read_onnx(m)
