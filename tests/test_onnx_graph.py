@@ -345,3 +345,45 @@ def test_erf_outside_the_gelu_pattern_is_refused():
                    (1, 3), (1, 3), 13, [("r2", np.float32(2 ** 0.5))])
     with pytest.raises(ValueError, match="Erf .*GELU pattern"):
         read_onnx(m)
+
+
+class Encoder(nn.Module):
+    """nn.TransformerEncoderLayer (norm_first both ways) or nn.MultiheadAttention + a head."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        if kind == "mha":
+            self.att = nn.MultiheadAttention(8, 2, batch_first=True)
+        else:
+            self.enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True,
+                                                  norm_first=kind == "pre-norm")
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        if self.kind == "mha":
+            return self.head(self.att(x, x, x, need_weights=False)[0][:, 0])
+        return self.head(self.enc(x).mean(1))
+
+
+@pytest.mark.parametrize("opset", [14, 17])
+@pytest.mark.parametrize("kind", ["post-norm", "pre-norm", "mha"])
+def test_transformer_exports(tmp_path, kind, opset):
+    """Torch's attention exports (opset >= 14: scaled_dot_product_attention has no earlier
+    export): forward against onnxruntime; CROWN and Vertex bounds against sampled outputs."""
+    torch.manual_seed(2)
+    model = Encoder(kind).eval()
+    x0 = torch.randn(1, 4, 8)
+    path = export(model, x0, tmp_path / "enc.onnx", opset)
+    net = read_onnx(path)
+    assert len(net.graph.attention) == 1 and net.graph.attention[0]["pv"] is not None
+    np.testing.assert_allclose(forward(net, x0).detach().numpy()[0], ort_run(path, x0), rtol=1e-4, atol=1e-5)
+    eps = 0.01
+    xl, xu = (x0 - eps).double().unsqueeze(0), (x0 + eps).double().unsqueeze(0)
+    eye = torch.eye(3, dtype=torch.float64)
+    C = torch.cat([eye, -eye]).reshape(1, 6, 1, 3)
+    pts = xl[0] + (xu[0] - xl[0]) * torch.rand(32, 4, 8, dtype=torch.float64).unsqueeze(1)
+    y = forward(net, pts).reshape(32, 3).detach().numpy()
+    for method in ("crown", "vertex"):
+        lo = lower_bounds(net.graph, xl, xu, C, method)[0].numpy()
+        assert np.all(y >= lo[:3]) and np.all(y <= -lo[3:])
