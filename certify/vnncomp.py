@@ -85,12 +85,26 @@ def lower_bounds(graph, xl, xu, C, method="crown"):
         lo = torch.maximum(lo, crown.backward(state, graph.output, C))
     elif method == "alpha-crown":
         lo = torch.maximum(lo, crown.alpha_crown(state, C))
+    if vertex:
+        with torch.no_grad():
+            # the P·V term of attention layers by Vertex-Softmax: of every layer, and of the
+            # last one only (as certify.methods' "vertex")
+            pvs = [a["pv"] for a in graph.attention if a["pv"] is not None]
+            for chosen in ({*pvs}, {*pvs[-1:]}):
+                if not chosen:
+                    continue
+                try:
+                    lo = torch.maximum(lo, crown.backward(state, graph.output, C, vertex_pv=chosen))
+                except RuntimeError as exc:
+                    if "does not depend on the input" not in str(exc):
+                        raise
+                    # crown.backward raises when the Vertex term absorbs every path to the
+                    # input (an output that depends on the input only through P·V); this
+                    # optional tightening is then skipped, the other bounds stand
+                    pass
     att = _output_softmax(graph)
     if vertex and att is not None:
         with torch.no_grad():
-            pv = [a["pv"] for a in graph.attention if a["pv"] is not None]
-            if pv:
-                lo = torch.maximum(lo, crown.backward(state, graph.output, C, vertex_pv=set(pv)))
             # c·softmax(s) exactly over the score box, row by row (a sum of row minima is a
             # lower bound of the minimum of the sum); both the raw and the shifted scores are
             # tried: the raw box is the exact one when the scores are (affine in) the input
