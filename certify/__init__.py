@@ -1,11 +1,32 @@
-"""Certification of attention models (CROWN-style, with Vertex-Softmax inside)."""
-from certify.api import AttentionScores, CertResult, attention_scores, verify
+"""Certification of attention models (CROWN-style, with Vertex-Softmax inside).
+
+Any torch module built from supported operators (``supported_operators``) is traced by
+``certify.trace`` and bounded on the verifier's own graph (``certify.graph``).
+"""
+from certify.api import (
+    AttentionBox,
+    AttentionScores,
+    CertResult,
+    attention_boxes,
+    attention_scores,
+    check_supported,
+    embed,
+    forward,
+    graph_of,
+    linear_bounds,
+    verify,
+    verify_box,
+    verify_text,
+)
 from certify.attack import AttackResult, attack
 from certify.evaluation import Evaluation, Record, SoundnessError, certified_accuracy, evaluate, robust_accuracy
+from certify.graph import Graph, GraphModule
 from certify.methods import METHODS, Method
-from certify.models import ViT, check_supported
+from certify.models import ViT
 from certify.ops import OPERATORS, Operator
+from certify.trace import logits_of, supported_operators, trace
 
-__all__ = ["METHODS", "OPERATORS", "AttackResult", "AttentionScores", "CertResult", "Evaluation", "Method",
-           "Operator", "Record", "SoundnessError", "ViT", "attack", "attention_scores", "certified_accuracy",
-           "check_supported", "evaluate", "robust_accuracy", "verify"]
+__all__ = ["METHODS", "OPERATORS", "AttackResult", "AttentionBox", "AttentionScores", "CertResult", "Evaluation", "Graph", "GraphModule",
+           "Method", "Operator", "Record", "SoundnessError", "ViT", "attack", "attention_boxes", "attention_scores",
+           "certified_accuracy", "check_supported", "embed", "evaluate", "forward", "graph_of", "linear_bounds",
+           "logits_of", "robust_accuracy", "supported_operators", "trace", "verify", "verify_box", "verify_text"]

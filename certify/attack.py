@@ -11,13 +11,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-from certify.models import check_supported
-from certify.spec import DOMAIN, check_domain, check_problem, input_box
+from certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, input_box
+from certify.trace import Logits
+
+
+def _dtype(model):
+    return next(iter(model.parameters()), torch.empty(0)).dtype
+
+
+def logits(model, x):
+    """The model's logits (B, K) as float64, evaluated in the model's dtype."""
+    z = Logits(model)(x.to(_dtype(model)))
+    return z.reshape(z.shape[0], -1).to(torch.float64)
 
 
 def margins(model, x, label):
     """z_y - z_j for all j (B, K), evaluated in the model's dtype."""
-    z = model(x.to(next(model.parameters()).dtype)).to(torch.float64)
+    z = logits(model, x)
     return z.gather(1, label[:, None]) - z
 
 
@@ -26,7 +36,6 @@ def pgd(model, x, label, eps, steps=40, restarts=2, step=None, seed=0, domain=DO
     lo, hi = input_box(x, eps, domain)
     step = eps / 4 if step is None else step
     gen = torch.Generator().manual_seed(seed)
-    dtype = next(model.parameters()).dtype
     best_x, best_m = x.clone(), margins(model, x, label).detach()
     other = torch.ones_like(best_m, dtype=torch.bool)
     other[torch.arange(len(label)), label] = False
@@ -35,8 +44,7 @@ def pgd(model, x, label, eps, steps=40, restarts=2, step=None, seed=0, domain=DO
         xa = lo + (hi - lo) * torch.rand(x.shape, generator=gen, dtype=x.dtype) if r else x.clone()
         for _ in range(steps + 1):
             xa = xa.detach().requires_grad_(True)
-            z = model(xa.to(dtype)).to(torch.float64)
-            m = z.gather(1, label[:, None]) - z
+            m = margins(model, xa, label)
             w = worst(m)
             better = w < worst(best_m)
             best_m = torch.where(better[:, None], m.detach(), best_m)
@@ -66,13 +74,19 @@ class AttackResult:
 
 
 def attack(model, x, label, eps, steps=40, restarts=2, certified=None, seed=0, *, domain=DOMAIN) -> AttackResult:
-    """PGD with restarts in the L∞ ball clipped to ``domain`` (x must lie in it). With
+    """PGD with restarts in the L∞ ball clipped to ``domain`` (x must lie in it; None: no
+    clipping) on any model whose output is logits (see ``certify.trace.logits_of``). With
     ``certified`` (bool (B,)), certified samples are 'unsat'; a sample both certified and
     falsified would be a soundness bug and raises RuntimeError."""
-    check_supported(model)
-    domain = check_domain(domain)
-    x, label, eps = check_problem(model, x, label, eps, domain)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    domain = None if domain is None else check_domain(domain)
+    eps = check_eps(eps)
+    x = check_images(model, x, domain)
     model64 = copy.deepcopy(model).double().eval()  # margins in float64, like the bounds
+    with torch.no_grad():
+        classes = logits(model64, x[:1]).shape[1]
+    label = check_labels(label, x.shape[0], classes)
     xa, m = pgd(model64, x, label, eps, steps, restarts, seed=seed, domain=domain)
     other = torch.ones_like(m, dtype=torch.bool)
     other[torch.arange(len(label)), label] = False

@@ -8,14 +8,14 @@ their own counterexample at eps = 0). Records are per (image, eps, method).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
 
 from certify.api import verify
-from certify.attack import attack
+from certify.attack import attack, logits
 from certify.methods import METHODS
-from certify.models import check_supported
 from certify.spec import (
     DOMAIN,
     check_batch_size,
@@ -97,7 +97,8 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
     """Attack, verify and cross-check ``model`` on images ``x`` with labels ``y`` for every
     eps in ``eps_list`` and every method name in ``methods``. ``progress``: optional
     callable progress(done, total, what), called after each attack and each method run."""
-    check_supported(model)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     eps_list = tuple(check_eps(e) for e in eps_list)
     methods = tuple(methods)
     for m in methods:
@@ -115,10 +116,10 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
     batch_size = check_batch_size(batch_size)
     domain = check_domain(domain)
     x = check_images(model, x, domain)
-    y = check_labels(y, x.shape[0], model.head.out_features)
-    dtype = next(model.parameters()).dtype
     with torch.no_grad():
-        pred = model(x.to(dtype)).argmax(1)
+        z = logits(copy.deepcopy(model).eval(), x)
+    y = check_labels(y, x.shape[0], z.shape[1])
+    pred = z.argmax(1)
     correct = pred == y
     idx = torch.nonzero(correct).flatten().tolist()
     xc, yc = x[correct], y[correct]

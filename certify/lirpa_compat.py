@@ -98,11 +98,22 @@ def load(patch_reducemax: bool = True):
 
 
 class PatchModel:
-    """Factory for the torch module auto_LiRPA sees: the ViT on flattened patches."""
+    """Factory for the torch module auto_LiRPA sees: a certify.ViT on flattened patches (as
+    before the generic front end, so baseline numbers stay comparable), any other model on its
+    own inputs with its output reduced to the logits."""
+
+    @staticmethod
+    def on_patches(model):
+        return hasattr(model, "forward_patches") and hasattr(model, "patchify")
 
     @staticmethod
     def wrap(model):
         import torch
+
+        if not PatchModel.on_patches(model):
+            from certify.trace import Logits
+
+            return Logits(model)
 
         class _OnPatches(torch.nn.Module):
             def __init__(self, m):
@@ -123,13 +134,16 @@ def bounded_module(model, z0, custom_ops=None, patch_reducemax=True):
 
 def lirpa_lower(model, zl, zu, z0, C, method, custom_ops=None, patch_reducemax=True,
                 iterations=20, lr=0.1):
-    """auto_LiRPA lower bound of C·logits over the patch box [zl, zu]. method: 'IBP',
+    """auto_LiRPA lower bound of C·logits over the input box [zl, zu] (a certify.ViT: images
+    or patches). method: 'IBP',
     'CROWN' or 'alpha-CROWN' (ReLU slopes, ``iterations`` Adam steps at ``lr``)."""
     import torch
 
     lirpa = load(patch_reducemax)
     from auto_LiRPA.perturbations import PerturbationLpNorm
 
+    if z0.dim() > 3 and PatchModel.on_patches(model):  # images of a certify.ViT
+        zl, zu, z0 = model.patchify(zl), model.patchify(zu), model.patchify(z0)
     bm = bounded_module(model, z0, custom_ops, patch_reducemax)
     ptb = PerturbationLpNorm(norm=float("inf"), x_L=zl, x_U=zu)
     x = lirpa.BoundedTensor(z0, ptb)

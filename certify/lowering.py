@@ -42,7 +42,7 @@ def const(t):
     """A constant operand as a tensor (float64 when floating)."""
     if isinstance(t, float):
         return torch.tensor(t, dtype=F64)  # not via float32, torch's default dtype
-    t = torch.as_tensor(t)
+    t = torch.as_tensor(t).detach()  # parameters: the graph holds values, not autograd history
     return t.to(F64) if t.is_floating_point() else t
 
 

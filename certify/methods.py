@@ -27,8 +27,10 @@ LIRPA_ASSUMPTIONS = ("auto_LiRPA 0.3 on the float32 copy of the model (it mixes 
 
 @dataclass(frozen=True)
 class Method:
-    """``lower(model64, graph, zl, zu, z0, C)`` -> (B, S) lower bounds of C·logits over the
-    patch box [zl, zu] (z0: the patches of the input itself). ``batch_size``: the largest
+    """``lower(graph, xl, xu, x0, C, model_input)`` -> (B, S) lower bounds of C·output over the
+    box [xl, xu] (B, *graph input shape); x0: a point of the box (the input itself) that
+    anchors the softmax shifts; C (B, S, *graph output shape). ``needs_model``: the method runs
+    on the torch model, given as ``model_input``, instead of the graph. ``batch_size``: the largest
     batch the method is run on (None: the caller's). ``soft_failures``: exception types
     that mean "no bound" (the certificate becomes -inf with a note starting with
     ``failure_note``) instead of an error."""
@@ -38,43 +40,49 @@ class Method:
     assumptions: str
     lower: Callable
     batch_size: int | None = None
+    needs_model: bool = False
     soft_failures: tuple = ()
     failure_note: str = "failed"
 
 
-def _ibp(model, g, zl, zu, z0, C):
-    return crown.ibp_lower(crown.propagate(g, zl, zu, crown=False, anchor=z0), C)
+def _ibp(g, xl, xu, x0, C, model_input):
+    return crown.ibp_lower(crown.propagate(g, xl, xu, crown=False, anchor=x0), C)
 
 
-def _crown(model, g, zl, zu, z0, C):
+def _crown(g, xl, xu, x0, C, model_input):
     # anchor the softmax shift at the input itself, as auto_LiRPA does (fixed max index)
-    state = crown.propagate(g, zl, zu, vertex=False, anchor=z0)
+    state = crown.propagate(g, xl, xu, vertex=False, anchor=x0)
     return crown.backward(state, g.output, C)
 
 
-def _alpha_crown(model, g, zl, zu, z0, C):
-    return crown.alpha_crown(crown.propagate(g, zl, zu, vertex=False, anchor=z0), C)
+def _alpha_crown(g, xl, xu, x0, C, model_input):
+    return crown.alpha_crown(crown.propagate(g, xl, xu, vertex=False, anchor=x0), C)
 
 
-def _vertex(model, g, zl, zu, z0, C):
-    state = crown.propagate(g, zl, zu, vertex=True, anchor=z0)
+def _vertex(g, xl, xu, x0, C, model_input):
+    state = crown.propagate(g, xl, xu, vertex=True, anchor=x0)
     lo = crown.backward(state, g.output, C)
-    pvs = {a["pv"] for a in g.attention}
+    pvs = [a["pv"] for a in g.attention if a["pv"] is not None]
+    if not pvs:
+        return lo
     with torch.no_grad():
-        lo = torch.maximum(lo, crown.backward(state, g.output, C, vertex_pv=pvs))
-        last = {g.attention[-1]["pv"]}
-        if last != pvs:
-            lo = torch.maximum(lo, crown.backward(state, g.output, C, vertex_pv=last))
+        lo = torch.maximum(lo, crown.backward(state, g.output, C, vertex_pv=set(pvs)))
+        if len(pvs) > 1:
+            lo = torch.maximum(lo, crown.backward(state, g.output, C, vertex_pv={pvs[-1]}))
     return lo
 
 
 def _lirpa(name):
-    def lower(model, g, zl, zu, z0, C):
+    def lower(g, xl, xu, x0, C, model_input):
         from certify.lirpa_compat import lirpa_lower
 
-        m32 = copy.deepcopy(model).float()
+        model = model_input
+        # the graph carries the model's batch axis (size 1); auto_LiRPA sees the model's own shapes
+        xl, xu, x0 = xl.squeeze(1), xu.squeeze(1), x0.squeeze(1)
+        C = C.reshape(*C.shape[:2], -1)
+        m32 = copy.deepcopy(model).float().eval()
         f = lambda t: t.to(torch.float32)  # noqa: E731
-        return lirpa_lower(m32, f(zl), f(zu), f(z0), f(C), name).detach().to(torch.float64)
+        return lirpa_lower(m32, f(xl), f(xu), f(x0), f(C), name).detach().to(torch.float64)
     return lower
 
 
@@ -91,12 +99,12 @@ METHODS = MappingProxyType({m.name: m for m in (
     Method("vertex", "CROWN with exact Vertex-Softmax intervals for softmax probabilities and attention "
            "outputs, and the P·V terms solved by Vertex-Softmax", _OURS, _vertex),
     # auto_LiRPA 0.3 needed > 20 GB for 4 images of the 2-block model: one image at a time
-    Method("lirpa-ibp", "auto_LiRPA 0.3 IBP (baseline)", LIRPA_ASSUMPTIONS, _lirpa("IBP"), 1, _LIRPA_FAILS,
+    Method("lirpa-ibp", "auto_LiRPA 0.3 IBP (baseline)", LIRPA_ASSUMPTIONS, _lirpa("IBP"), 1, True, _LIRPA_FAILS,
            "auto_LiRPA failed"),
     Method("lirpa-crown", "auto_LiRPA 0.3 CROWN (baseline)", LIRPA_ASSUMPTIONS, _lirpa("CROWN"), 1,
-           _LIRPA_FAILS, "auto_LiRPA failed"),
+           True, _LIRPA_FAILS, "auto_LiRPA failed"),
     Method("lirpa-alpha-crown", "auto_LiRPA 0.3 alpha-CROWN, 20 Adam steps at lr 0.1 (baseline)",
-           LIRPA_ASSUMPTIONS, _lirpa("alpha-CROWN"), 1, _LIRPA_FAILS, "auto_LiRPA failed"),
+           LIRPA_ASSUMPTIONS, _lirpa("alpha-CROWN"), 1, True, _LIRPA_FAILS, "auto_LiRPA failed"),
 )})
 
 

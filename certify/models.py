@@ -3,8 +3,8 @@
 x (B, C, H, W) in [0, 1] -> patches (B, N, C·p·p) -> patch Linear + positional embedding
 (stored as (N, d), an auto_LiRPA requirement) [+ class token] -> L blocks of
 x + MHSA(LN?(x)) then x + MLP(LN?(x)) (ReLU MLP) -> [LN] -> mean or class-token pooling ->
-Linear classifier. Every certifier in ``certify`` accepts exactly this family; anything else
-raises ValueError naming the offending layer (see ``check_supported``).
+Linear classifier: the architecture of the zoo (certify/zoo). The verifier itself takes any
+module built from supported operators (``certify.trace``).
 """
 from __future__ import annotations
 
@@ -94,23 +94,3 @@ class ViT(nn.Module):
 
     def forward(self, x):
         return self.forward_patches(self.patchify(x))
-
-
-SUPPORTED = ("patch Linear embedding, positional embedding, optional class token, blocks of "
-             "certify.models.Attention and a Linear-ReLU-Linear MLP with residual connections, optional affine "
-             "LayerNorm, mean or class-token pooling, Linear head")
-_ALLOWED = (ViT, Block, Attention, nn.Linear, nn.ReLU, nn.LayerNorm, nn.Identity, nn.ModuleList)
-
-
-def check_supported(model: nn.Module) -> ViT:
-    """Return ``model`` if every submodule is in the supported family, else raise ValueError."""
-    if not isinstance(model, ViT):
-        raise ValueError(f"model: {type(model).__name__} is not supported: certify verifies certify.ViT "
-                         f"models only ({SUPPORTED}); arbitrary nn.Module graphs are not supported yet")
-    for name, mod in model.named_modules():
-        if not isinstance(mod, _ALLOWED):
-            raise ValueError(f"model: unsupported layer {name!r} ({type(mod).__name__}); supported layers: "
-                             f"{', '.join(t.__name__ for t in _ALLOWED)}")
-        if isinstance(mod, nn.LayerNorm) and not mod.elementwise_affine:
-            raise ValueError(f"model: unsupported layer {name!r} (LayerNorm without affine)")
-    return model

@@ -53,18 +53,23 @@ def check_batch_size(batch_size) -> int:
 
 
 def check_images(model, x, domain=None):
-    """float64 images (B, *model.image); a single image gets a batch axis. With ``domain``,
+    """float64 inputs (B, ...) with a batch axis first; a model that declares its input shape
+    (an ``image`` attribute, as certify.ViT) also takes one unbatched input. With ``domain``,
     every value must lie in [lo, hi]."""
     x = torch.as_tensor(x)
     if not torch.is_floating_point(x):
         raise ValueError(f"x: expected a floating tensor, got dtype {x.dtype}")
     shape = tuple(x.shape)  # as passed, for the error messages
-    image = tuple(model.image)
-    if x.dim() == len(image):
-        x = x.unsqueeze(0)
-    if x.dim() != len(image) + 1 or tuple(x.shape[1:]) != image:
-        raise ValueError(f"x: expected shape (B, {', '.join(map(str, image))}) or "
-                         f"({', '.join(map(str, image))}), got {shape}")
+    image = getattr(model, "image", None)
+    if image is not None:
+        image = tuple(image)
+        if x.dim() == len(image):
+            x = x.unsqueeze(0)
+        if x.dim() != len(image) + 1 or tuple(x.shape[1:]) != image:
+            raise ValueError(f"x: expected shape (B, {', '.join(map(str, image))}) or "
+                             f"({', '.join(map(str, image))}), got {shape}")
+    elif x.dim() < 1:
+        raise ValueError("x: expected a batch of inputs (B, ...), got a scalar")
     if x.shape[0] == 0:
         raise ValueError("x: empty batch")
     if torch.isnan(x).any() or torch.isinf(x).any():
@@ -73,9 +78,37 @@ def check_images(model, x, domain=None):
         lo, hi = check_domain(domain)
         if (x < lo).any() or (x > hi).any():
             raise ValueError(f"x: values must lie in the input domain [{lo}, {hi}], got values in "
-                             f"[{x.min().item():.6g}, {x.max().item():.6g}] (rescale the images, e.g. "
+                             f"[{x.min().item():.6g}, {x.max().item():.6g}] (rescale the inputs, e.g. "
                              f"pixels / 255, or pass domain=)")
     return x.to(torch.float64)
+
+
+def check_box(lower, upper, center=None):
+    """float64 (lower, upper, center) of one shape (B, ...): finite, lower <= center <= upper
+    (center defaults to the midpoint)."""
+    out = []
+    for name, t in (("lower", lower), ("upper", upper)):
+        t = torch.as_tensor(t)
+        if not torch.is_floating_point(t):
+            raise ValueError(f"{name}: expected a floating tensor, got dtype {t.dtype}")
+        if t.dim() < 1 or t.shape[0] == 0:
+            raise ValueError(f"{name}: expected a batch of inputs (B, ...), got shape {tuple(t.shape)}")
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name}: contains NaN or inf")
+        out.append(t.to(torch.float64))
+    lo, hi = out
+    if lo.shape != hi.shape:
+        raise ValueError(f"upper: expected the shape of lower {tuple(lo.shape)}, got {tuple(hi.shape)}")
+    if (lo > hi).any():
+        raise ValueError(f"lower: exceeds upper at {int((lo > hi).sum())} entries (lower <= upper required)")
+    if center is None:
+        center = lo + (hi - lo) / 2
+    center = torch.as_tensor(center).to(torch.float64)
+    if center.shape != lo.shape or not torch.isfinite(center).all():
+        raise ValueError(f"center: expected finite values of shape {tuple(lo.shape)}")
+    if (center < lo).any() or (center > hi).any():
+        raise ValueError("center: must lie in the box [lower, upper]")
+    return lo, hi, center
 
 
 def check_labels(label, batch, classes):
@@ -101,18 +134,16 @@ def check_labels(label, batch, classes):
     return t
 
 
-def check_problem(model, x, label, eps, domain=DOMAIN):
-    """Validate (x, label, eps, domain) against ``model``; return float64 x (B, C, H, W),
-    int64 label (B,) and eps as a float."""
-    eps = check_eps(eps)
-    x = check_images(model, x, domain)
-    return x, check_labels(label, x.shape[0], model.head.out_features), eps
-
-
 def input_box(x, eps, domain=DOMAIN):
-    """[max(x - eps, lo), min(x + eps, hi)]: the L∞ ball intersected with the input domain."""
-    lo = torch.clamp(x - eps, min=domain[0])
-    hi = torch.clamp(x + eps, max=domain[1])
+    """[max(x - eps, lo), min(x + eps, hi)]: the L∞ ball intersected with the input domain
+    (``domain`` None: the ball itself)."""
+    # x ± eps rounded outward, so the box contains the real-arithmetic ball
+    lo = torch.nextafter(x - eps, torch.full_like(x, -torch.inf)) if eps else x
+    hi = torch.nextafter(x + eps, torch.full_like(x, torch.inf)) if eps else x
+    if domain is None:
+        return lo, hi
+    lo = torch.clamp(lo, min=domain[0])
+    hi = torch.clamp(hi, max=domain[1])
     return torch.minimum(lo, x), torch.maximum(hi, x)
 
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from certify.graph import Graph
 from certify.lowering import F64, Builder, const
+from certify.ops import conv2d_params
 
 aten = torch.ops.aten
 
@@ -132,14 +133,10 @@ def _sdpa(b, name, q, k, val, attn_mask=None, dropout_p=0.0, is_causal=False, sc
 def _conv2d(b, name, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if isinstance(w, Var) or isinstance(bias, Var):
         raise ValueError(f"unsupported operator aten.conv2d with a perturbed weight at {name!r}")
-    if isinstance(padding, str):
-        raise ValueError(f"unsupported operator aten.conv2d with padding={padding!r} at {name!r}")
     x = v(x)
-    shape = b.shape(x)
-    out = torch.nn.functional.conv2d(torch.zeros(shape, dtype=F64), const(w), None, stride, padding, dilation,
-                                     groups)
-    return b.node("conv2d", [x], out.shape, name, weight=const(w), bias=None if bias is None else const(bias),
-                  stride=stride, padding=padding, dilation=dilation, groups=groups, in_shape=shape)
+    params = conv2d_params(const(w), None if bias is None else const(bias), stride, padding, dilation, groups,
+                           in_shape=b.shape(x))
+    return b.node("conv2d", [x], params["out_shape"], name, **params)
 
 
 def _pow(b, name, x, e):
@@ -164,6 +161,13 @@ def _index(b, name, x, indices):
     if any(isinstance(i, Var) for i in indices):
         raise ValueError(f"unsupported operator aten.index with perturbed indices at {name!r}")
     return b.rearrange(v(x), lambda t: aten.index.Tensor(t, indices), name)
+
+
+def _like(fn):
+    """zeros_like, new_ones, full_like...: a constant that reads only the shape of x."""
+    def lower(b, name, x, *args, **kwargs):
+        return fn(torch.zeros(b.shape(v(x)), dtype=F64), *args, **kwargs)
+    return lower
 
 
 def _reduce(mean):
@@ -195,6 +199,8 @@ def _transpose(b, name, x, d0=0, d1=1):
 ATEN = {
     **{op: _moves(op) for op in MOVES},
     aten.index.Tensor: _index,
+    **{op: _like(op) for op in (aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+                                aten.new_zeros.default, aten.new_ones.default, aten.new_full.default)},
     aten.permute.default: lambda b, name, x, dims: b.permute(v(x), dims, name),
     aten.transpose.int: _transpose, aten.t.default: _transpose,
     aten.clone.default: _identity, aten.contiguous.default: _identity, aten.detach.default: _identity,
@@ -203,7 +209,7 @@ ATEN = {
     aten.dropout.default: _dropout, aten.feature_dropout.default: _dropout,
     aten.linear.default: _linear, aten.addmm.default: _addmm,
     aten.matmul.default: _binary("matmul"), aten.mm.default: _binary("matmul"), aten.bmm.default: _binary("matmul"),
-    aten.conv2d.default: _conv2d,
+    aten.conv2d.default: _conv2d, aten.conv2d.padding: _conv2d,
     aten.add.Tensor: _binary("add"), aten.sub.Tensor: _binary("sub"), aten.mul.Tensor: _binary("mul"),
     aten.div.Tensor: _binary("div"),
     aten.rsub.Scalar: lambda b, name, x, y, alpha=1: b.add(b.mul(v(x), const(-alpha), name), const(y), name),
@@ -248,10 +254,11 @@ def _where(node):
 
 
 def export(model: nn.Module, example: torch.Tensor):
-    """torch.export of ``model`` (float64, eval) at ``example`` with einsum decomposed."""
+    """torch.export of ``model`` (float64, in its own train/eval mode: dropout or batch norm in
+    training mode is refused when lowered) at ``example`` with einsum decomposed."""
     from torch._decomp import core_aten_decompositions
 
-    m = copy.deepcopy(model).to(F64).eval()
+    m = copy.deepcopy(model).to(F64)
     try:
         ep = torch.export.export(m, (example.to(F64),), strict=False)
     except Exception as exc:  # torch raises many types; the message is what the user needs

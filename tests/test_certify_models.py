@@ -3,10 +3,9 @@ import pytest
 import torch
 from torch import nn
 
-from certify import ops, zoo
+from certify import check_supported, ops, trace, zoo
 from certify.data import digits, mnist_local
-from certify.graph import build_graph
-from certify.models import ViT, check_supported
+from certify.models import ViT
 
 
 def _graph_forward(g, z):
@@ -23,17 +22,27 @@ def test_graph_matches_model(cfg):
     torch.manual_seed(0)
     m = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3, **cfg).double().eval()
     x = torch.rand(5, 1, 4, 4, dtype=torch.float64)
-    g = build_graph(m)
-    torch.testing.assert_close(_graph_forward(g, m.patchify(x)), m(x), rtol=1e-12, atol=1e-12)
+    g = trace(m, x)
+    torch.testing.assert_close(_graph_forward(g, x.unsqueeze(1)).squeeze(1), m(x), rtol=1e-12, atol=1e-12)
 
 
-def test_unsupported_layer_named():
+class _Ranker(nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=-1).values
+
+
+def test_unsupported_operator_named_with_its_module_path():
     m = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3)
-    m.blocks[0].relu = nn.GELU()
-    with pytest.raises(ValueError, match="blocks.0.relu"):
-        check_supported(m)
-    with pytest.raises(ValueError, match="Sequential"):
-        check_supported(nn.Sequential(nn.Linear(2, 2)))
+    m.blocks[0].fc2 = nn.Sequential(nn.Linear(8, 8), _Ranker())
+    with pytest.raises(ValueError, match=r"unsupported operator aten\.sort at 'blocks\.0\.fc2\.1' \(sort\)"):
+        check_supported(m, torch.rand(1, 1, 4, 4))
+    with pytest.raises(ValueError, match="output does not depend on the input"):
+        check_supported(_Constant(), torch.rand(1, 4))
+
+
+class _Constant(nn.Module):
+    def forward(self, x):
+        return torch.zeros_like(x)[:, :3] + 1.0
 
 
 def test_zoo_loads_in_eval_mode_and_is_accurate():

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from certify import ops
-from certify.graph import build_graph
+from certify import ops, trace
 from certify.models import ViT
 
 
@@ -11,7 +10,7 @@ def test_adjoints_are_transposes():
     torch.manual_seed(1)
     m = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3, depth=1,
             layer_norm=True, pool="cls").double()
-    g = build_graph(m)
+    g = trace(m, torch.rand(1, 1, 4, 4, dtype=torch.float64))
     B, S = 2, 3
     for node in g.nodes:
         if node.operator.kind != "affine" or node.operator.arity != 1:  # input, add, nonlinear
@@ -31,7 +30,8 @@ def test_adjoints_are_transposes():
         torch.testing.assert_close(bias, ops.sum_rest(A * f0.unsqueeze(1)), msg=node.name)
 
 
-DOMAINS = {"relu": (-3, 3), "exp": (-6, 2), "reciprocal": (0.05, 5), "square": (-3, 3), "rsqrt": (0.01, 4)}
+DOMAINS = {"relu": (-3, 3), "exp": (-6, 2), "reciprocal": (0.05, 5), "square": (-3, 3), "rsqrt": (0.01, 4),
+           "gelu": (-6, 6), "gelu_tanh": (-6, 6), "tanh": (-5, 5), "sigmoid": (-10, 10), "sqrt": (0.0, 9)}
 
 
 @pytest.mark.parametrize("op", sorted(ops.names("elementwise")))
@@ -43,7 +43,9 @@ def test_unary_planes_enclose(op):
     l, u = torch.minimum(a, b), torch.maximum(a, b)
     u[:50] = l[:50] + 1e-9  # near-degenerate intervals
     f = {"relu": torch.relu, "exp": torch.exp, "reciprocal": lambda t: 1 / t,
-         "square": lambda t: t * t, "rsqrt": torch.rsqrt}[op]
+         "square": lambda t: t * t, "rsqrt": torch.rsqrt, "gelu": torch.nn.functional.gelu,
+         "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"), "tanh": torch.tanh,
+         "sigmoid": torch.sigmoid, "sqrt": torch.sqrt}[op]
     lw, lb, uw, ub = ops.get(op).planes(l, u)
     il, iu = ops.get(op).image(l, u)
     t = torch.rand(200, 1, generator=g, dtype=torch.float64)

@@ -7,7 +7,6 @@ import torch
 
 import certify
 from certify import crown, ops
-from certify.graph import build_graph
 from certify.models import ViT
 from certify.spec import input_box
 
@@ -106,15 +105,15 @@ def test_ours_at_least_as_tight_as_lirpa_crown(results):
 def test_every_intermediate_bound_encloses_samples(name, vertex):
     m, x, y = MODELS[name]
     m64 = copy.deepcopy(m).double()
-    g = build_graph(m64)
+    g = certify.trace(m64, x.double())
     lo, hi = input_box(x.double(), EPS)
-    state = crown.propagate(g, m64.patchify(lo), m64.patchify(hi), vertex=vertex)
+    state = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), vertex=vertex)
     gen = torch.Generator().manual_seed(5)
     for _ in range(5):
         t = torch.rand(400, *x.shape, generator=gen, dtype=torch.float64)
         t[:100] = (t[:100] > 0.5).double()
         pts = (lo + (hi - lo) * t).reshape(-1, *x.shape[1:])
-        vals = [m64.patchify(pts)]
+        vals = [pts.unsqueeze(1)]
         for i, node in enumerate(g.nodes[1:], 1):
             const = state.consts.get(i)
             if const is not None:

@@ -1,8 +1,10 @@
 """Verifier operators: one registered object per operator (see ``certify.ops.core``).
 
-Importing this package registers every family: ``affine``, ``elementwise``, ``bilinear``.
+Importing this package registers every family: ``affine``, ``elementwise``, ``bilinear``,
+``activations`` (smooth elementwise maps), ``convolution``.
 """
-from certify.ops import affine, bilinear, elementwise  # noqa: F401  (registration)
+from certify.ops import activations, affine, bilinear, convolution, elementwise  # noqa: F401  (registration)
+from certify.ops.convolution import conv2d_params, conv2d_shape
 from certify.ops.core import (
     KINDS,
     OPERATORS,
@@ -20,4 +22,4 @@ from certify.ops.core import (
 )
 
 __all__ = ["KINDS", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "adjoint",
-           "forward", "get", "names", "register", "sum_rest"]
+           "conv2d_params", "conv2d_shape", "forward", "get", "names", "register", "sum_rest"]

@@ -155,22 +155,13 @@ def _verdict_record(r) -> dict:
 def _vertex_records(model, xb, eps, n_rows, rng, records):
     """Vertex-Softmax proof records for sampled rows of the first attention layer at image ``xb``.
 
-    The score and value boxes are read from ``certify.crown.propagate``'s state: certify has no
-    public call that returns a layer's intermediate bounds.
+    The score and value boxes are the verifier's own (``certify.attention_boxes``, method vertex).
     """
     from bounds import vertex_softmax
-    from certify import crown
-    from certify.graph import build_graph
-    from certify.spec import input_box
+    from certify import attention_boxes
 
-    m64 = copy.deepcopy(model).double().eval()
-    g = build_graph(m64)
-    xb = xb.double()
-    xl, xu = input_box(xb, eps)
-    state = crown.propagate(g, m64.patchify(xl), m64.patchify(xu), vertex=True, anchor=m64.patchify(xb))
-    a0 = g.attention[0]
-    yl, yu = state.bounds[a0["shifted"]]
-    vl, vu = state.bounds[a0["values"]]
+    box = attention_boxes(model, xb.double(), eps, method="vertex")[0]
+    (yl, yu), (vl, vu) = box.shifted, box.values
     H, N = yl.shape[1], yl.shape[2]
     for r in range(n_rows):
         h, q = int(rng.integers(H)), int(rng.integers(N))
