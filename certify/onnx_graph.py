@@ -8,11 +8,8 @@ constants: such a node is evaluated on the spot by onnx's reference evaluator
 (``onnx.reference``, the ONNX semantics of every operator and dtype). A node with a perturbed
 input is lowered by ``certify.lowering.Builder`` through the table ``RULES``, one entry per
 operator of ``ONNX_OPERATORS``; any other operator raises ValueError naming its op type and
-node name. Operators whose verifier operator is not registered are composed exactly from
-registered ones: sigmoid(x) = 1 / (1 + exp(-x)), tanh(x) = 2 sigmoid(2x) - 1,
-sqrt(x) = 1 / rsqrt(x), tanh-form GELU from its formula; 2-D Conv is im2col (an exact element
-move) followed by a linear map. Erf is read only inside the exporters' GELU pattern
-x · 0.5 · (1 + erf(x / √2)), which becomes one ``gelu`` node (like ONNX's own Gelu).
+node name. Erf is read only inside the exporters' GELU pattern x · 0.5 · (1 + erf(x / √2)),
+which becomes one ``gelu`` node (like ONNX's own Gelu).
 Batch: the model is read at batch 1 (a symbolic first axis counts as 1). The first graph
 input that is not an initializer is the perturbed input; the first graph output is the output.
 """
@@ -286,37 +283,8 @@ def _unary(op):
     return rule
 
 
-def _sigmoid_of(b, x, name):
-    if "sigmoid" in ops.OPERATORS:
-        return b.unary("sigmoid", x, name)
-    # 1 / (1 + exp(-x)): exact, and the reciprocal's argument is >= 1
-    e = b.unary("exp", b.neg(x, name), f"{name}.exp")
-    d = b.add(e, const(1.0), name)
-    b.graph.nodes[d].value_range = (1.0, None)
-    return b.node("reciprocal", [d], b.shape(d), f"{name}.recip", value_range=(0.0, 1.0))
-
-
-def _sigmoid(lw, name, at, x):
-    return _sigmoid_of(lw.b, x, name)
-
-
-def _tanh(lw, name, at, x):
-    b = lw.b
-    if "tanh" in ops.OPERATORS:
-        return b.unary("tanh", x, name)
-    s = _sigmoid_of(b, b.mul(x, const(2.0), name), name)
-    return b.add(b.mul(s, const(2.0), name), const(-1.0), name)
-
-
 def _sqrt_of(b, x, name):
-    if "sqrt" in ops.OPERATORS:
-        return b.unary("sqrt", x, name)
-    # sqrt(x) = 1 / rsqrt(x) on x > 0 (the domain rsqrt already requires)
-    return b.unary("reciprocal", b.unary("rsqrt", x, f"{name}.rsqrt"), name)
-
-
-def _sqrt(lw, name, at, x):
-    return _sqrt_of(lw.b, x, name)
+    return b.unary("sqrt", x, name)
 
 
 def _pow(lw, name, at, x, e):
@@ -529,31 +497,15 @@ def _conv(lw, name, at, x, w, bias=None):
         raise ValueError(f"only 2-D convolution is supported (input rank {len(shape)})")
     if at.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise ValueError(f"auto_pad={at['auto_pad']!r} (give explicit pads)")
-    kh, kw = w.shape[2:]
     stride = tuple(at.get("strides", (1, 1)))
     dil = tuple(at.get("dilations", (1, 1)))
     pads = tuple(at.get("pads", (0, 0, 0, 0)))
     groups = int(at.get("group", 1))
-    n, c, h, wd = shape
-    o = w.shape[0]
-    if c % groups or o % groups or w.shape[1] * groups != c:
-        raise ValueError(f"weight {tuple(w.shape)} does not fit {c} input channels in {groups} groups")
-    ho = (h + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (wd + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
-
-    def im2col(t):
-        t = torch.nn.functional.pad(t, (pads[1], pads[3], pads[0], pads[2]))
-        cols = torch.nn.functional.unfold(t, (kh, kw), dilation=dil, stride=stride)  # (n, c·kh·kw, L)
-        return cols.transpose(1, 2)  # (n, L, c·kh·kw)
-    cols = b.rearrange(x, im2col, f"{name}.im2col")
-    # grouped convolution as one linear map with a block-diagonal weight
-    full = torch.zeros(o, c, kh, kw, dtype=F64)
-    cg, og = c // groups, o // groups
-    for gi in range(groups):
-        full[gi * og:(gi + 1) * og, gi * cg:(gi + 1) * cg] = w[gi * og:(gi + 1) * og]
-    y = b.linear(cols, full.reshape(o, -1), bias, name)  # (n, L, o)
-    y = b.permute(y, (0, 2, 1), name)
-    return b.reshape(y, (n, o, ho, wo), name)
+    if w.shape[1] * groups != shape[1]:
+        raise ValueError(f"weight {tuple(w.shape)} does not fit {shape[1]} input channels in {groups} groups")
+    # ONNX writes pads as (top, left, bottom, right); conv2d takes (top, bottom, left, right)
+    params = ops.conv2d_params(w, bias, stride, (pads[0], pads[2], pads[1], pads[3]), dil, groups, in_shape=shape)
+    return b.node("conv2d", [x], params["out_shape"], name, **params)
 
 
 def _shape(lw, name, at, x):
@@ -623,18 +575,7 @@ def _gelu_step(lw, node, name, ins, where):
 
 
 def _gelu(lw, x, name, approximate="none"):
-    op = "gelu" if approximate == "none" else "gelu_tanh"
-    if op in ops.OPERATORS:
-        return lw.b.unary(op, x, name)
-    if op == "gelu_tanh":
-        # 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))): exact in registered operators
-        b = lw.b
-        x3 = b.mul(x, b.mul(x, x, name), name)
-        inner = b.mul(b.add(x, b.mul(x3, const(0.044715), name), name), const(math.sqrt(2 / math.pi)), name)
-        t = _tanh(lw, name, {}, inner)
-        return b.mul(b.mul(x, const(0.5), name), b.add(t, const(1.0), name), name)
-    raise ValueError(f"GELU (erf form) needs the verifier operator 'gelu', which is not registered "
-                     f"(registered: {', '.join(sorted(ops.OPERATORS))})")
+    return lw.b.unary("gelu" if approximate == "none" else "gelu_tanh", x, name)
 
 
 def _gelu_rule(lw, name, at, x):
@@ -652,8 +593,8 @@ RULES = {
     "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _binary("matmul"),
     "Neg": _neg, "Pow": _pow, "Reciprocal": _unary("reciprocal"), "ReduceMean": _reduce(True),
     "ReduceSum": _reduce(False), "Relu": _unary("relu"), "Reshape": _reshape, "Shape": _shape,
-    "Sigmoid": _sigmoid, "Slice": _slice, "Softmax": _softmax, "Sqrt": _sqrt, "Squeeze": _squeeze,
-    "Tanh": _tanh, "Transpose": _transpose, "Unsqueeze": _unsqueeze,
+    "Sigmoid": _unary("sigmoid"), "Slice": _slice, "Softmax": _softmax, "Sqrt": _unary("sqrt"), "Squeeze": _squeeze,
+    "Tanh": _unary("tanh"), "Transpose": _transpose, "Unsqueeze": _unsqueeze,
 }
 
 #: ONNX operators read by ``read_onnx`` (on the perturbed path; on constants every operator
