@@ -3,10 +3,10 @@
 ``solve(network, regions, timeout, method)`` answers, per the VNN-COMP result words:
 - "unsat": for every region and every disjunct (mat, rhs), some row r is proved infeasible,
   i.e. a certified lower bound of mat_r·Y exceeds rhs_r over the box (also tried: the sum of
-  the disjunct's rows, a nonnegative combination). Bounds come from the verifier's methods
-  (``certify.crown``); when the output is a softmax, the method "vertex" also bounds
-  c·softmax(s) exactly over the score box (Vertex-Softmax, ``bounds.vertex_softmax``), and
-  every method uses the output's interval bounds. Boxes not proved are bisected on their
+  the disjunct's rows, a nonnegative combination). Bounds: ``certify.linear_bounds`` with the
+  chosen method; when the output is a softmax, the method "vertex" also bounds c·softmax(s)
+  exactly over the score box (Vertex-Softmax, ``bounds.vertex_softmax``) and uses the
+  output's interval intersected with its exact Vertex-Softmax interval. Boxes not proved are bisected on their
   widest input (at most ``max_boxes`` boxes per region).
 - "sat": PGD (sign steps, random restarts, inside the box; 8 x 40 steps on a region, 2 x 10 on
   each part of a split) finds x whose float64 forward
@@ -30,12 +30,15 @@ from onnx import helper, reference
 
 from bounds import vertex_softmax
 from certify import crown
+from certify.api import linear_bounds
 from certify.lowering import F64
+from certify.methods import METHODS
 from certify.onnx_graph import OnnxNetwork, forward
 from certify.vnnlib import Property, Region
 
 RESULTS = ("sat", "unsat", "unknown", "timeout")
-SOLVE_METHODS = ("ibp", "crown", "alpha-crown", "vertex")
+#: the methods of certify.METHODS that run on a graph (not the auto_LiRPA baselines)
+SOLVE_METHODS = tuple(name for name, m in METHODS.items() if not m.needs_model)
 
 
 @dataclass(frozen=True)
@@ -74,37 +77,24 @@ def _output_softmax(graph):
 
 def lower_bounds(graph, xl, xu, C, method="crown"):
     """Certified lower bounds (B, S) of C·output over the boxes [xl, xu] (B, *input shape);
-    C: (B, S, *output shape)."""
+    C: (B, S, *output shape). ``certify.linear_bounds`` with ``method``; for "vertex" also
+    the Vertex-Softmax bound of a softmax output (see the module docstring)."""
     if method not in SOLVE_METHODS:
         raise ValueError(f"method: expected one of {SOLVE_METHODS}, got {method!r}")
-    x0 = (xl + xu) / 2
-    vertex = method == "vertex"
-    state = crown.propagate(graph, xl, xu, crown=method != "ibp", vertex=vertex, anchor=x0)
-    lo = crown.ibp_lower(state, C)
-    if method == "crown" or method == "vertex":
-        lo = torch.maximum(lo, crown.backward(state, graph.output, C))
-    elif method == "alpha-crown":
-        lo = torch.maximum(lo, crown.alpha_crown(state, C))
-    if vertex:
-        with torch.no_grad():
-            # the P·V term of attention layers by Vertex-Softmax: of every layer, and of the
-            # last one only (as certify.methods' "vertex")
-            pvs = [a["pv"] for a in graph.attention if a["pv"] is not None]
-            for chosen in ({*pvs}, {*pvs[-1:]}):
-                if not chosen:
-                    continue
-                try:
-                    lo = torch.maximum(lo, crown.backward(state, graph.output, C, vertex_pv=chosen))
-                except RuntimeError as exc:
-                    if "does not depend on the input" not in str(exc):
-                        raise
-                    # crown.backward raises when the Vertex term absorbs every path to the
-                    # input (an output that depends on the input only through P·V); this
-                    # optional tightening is then skipped, the other bounds stand
-                    pass
+    try:
+        lo = linear_bounds(graph, xl, xu, C, method)
+    except RuntimeError as exc:
+        if method != "vertex" or "does not depend on the input" not in str(exc):
+            raise
+        # crown.backward raises when the Vertex P·V term absorbs every path to the input
+        # (an output that depends on the input only through P·V): CROWN's bound stands
+        lo = linear_bounds(graph, xl, xu, C, "crown")
     att = _output_softmax(graph)
-    if vertex and att is not None:
+    if method == "vertex" and att is not None:
         with torch.no_grad():
+            state = crown.propagate(graph, xl, xu, vertex=True, anchor=(xl + xu) / 2)
+            # the output's own interval, intersected with its exact Vertex-Softmax interval
+            lo = torch.maximum(lo, crown.ibp_lower(state, C))
             # c·softmax(s) exactly over the score box, row by row (a sum of row minima is a
             # lower bound of the minimum of the sum); both the raw and the shifted scores are
             # tried: the raw box is the exact one when the scores are (affine in) the input

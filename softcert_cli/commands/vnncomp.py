@@ -14,11 +14,13 @@ from softcert_cli.common import command_line, write_json
 
 
 def configure(parser) -> None:
+    from certify.vnncomp import SOLVE_METHODS
+
     parser.add_argument("model", help="the network (.onnx or .onnx.gz)")
     parser.add_argument("property", help="the VNN-LIB 1.0 or 2.0 property (.vnnlib or .vnnlib.gz)")
     parser.add_argument("--timeout", type=float, required=True, help="time budget in seconds, loading included")
     parser.add_argument("--out", required=True, help="the result file to write (VNN-COMP format)")
-    parser.add_argument("--method", default="crown", choices=("ibp", "crown", "alpha-crown", "vertex"),
+    parser.add_argument("--method", default="crown", choices=SOLVE_METHODS,
                         help="bounding method for the unsat proof (default: crown)")
     parser.add_argument("--max-boxes", type=int, default=64,
                         help="input-bisection budget per region (default: 64 boxes)")

@@ -12,6 +12,8 @@ import time
 
 
 def configure(parser) -> None:
+    from certify.vnncomp import SOLVE_METHODS
+
     sub = parser.add_subparsers(dest="action", metavar="<action>", required=True)
     v = sub.add_parser("verify", help="decide a VNN-LIB property on an ONNX network",
                        description="decide a VNN-LIB property on an ONNX network; prints sat/unsat/unknown")
@@ -19,7 +21,7 @@ def configure(parser) -> None:
     v.add_argument("--network", required=True, action="append", metavar="NAME=MODEL.onnx",
                    help="the network the property names (declare-network NAME) and its ONNX file")
     v.add_argument("--timeout", type=float, required=True, help="time budget in seconds, loading included")
-    v.add_argument("--method", default="crown", choices=("ibp", "crown", "alpha-crown", "vertex"),
+    v.add_argument("--method", default="crown", choices=SOLVE_METHODS,
                    help="bounding method for the unsat proof (default: crown)")
     s = sub.add_parser("supports", help="what softcert reads", description="what softcert reads")
     s.add_argument("--onnx-operators", action="store_true", help="list the supported ONNX operators, one a line")
