@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-__all__ = ["OKABE_ITO", "PALETTE", "MARKERS", "SINGLE", "DOUBLE", "DECADES", "RC", "apply", "figure",
+__all__ = ["OKABE_ITO", "PALETTE", "MARKERS", "SINGLE", "DOUBLE", "DECADES", "RC", "SIZES", "apply", "figure",
            "coincident", "group_label", "spans_decades", "colour", "marker", "measured_ticks", "log_axis",
            "legend_below"]
 
@@ -37,11 +37,18 @@ RC = {
 }
 
 
-def apply(plt) -> None:
-    """Set ``RC`` (with the palette as colour cycle) on a pyplot module."""
+SIZES = ("font.size", "axes.titlesize", "axes.labelsize", "legend.fontsize", "xtick.labelsize",
+         "ytick.labelsize", "lines.linewidth", "lines.markersize")
+
+
+def apply(plt, sizes: bool = True) -> None:
+    """Set ``RC`` (with the palette as colour cycle) on a pyplot module. ``sizes=False`` keeps
+    matplotlib's font and line sizes, for figures drawn larger than a paper column (the other
+    commands' multi-panel figures), whose 8 pt text would shrink below legibility."""
     from cycler import cycler
 
-    plt.rcParams.update({**RC, "axes.prop_cycle": cycler(color=list(PALETTE))})
+    rc = {k: v for k, v in RC.items() if sizes or k not in SIZES}
+    plt.rcParams.update({**rc, "axes.prop_cycle": cycler(color=list(PALETTE))})
 
 
 def figure(plt, width: str = "single", aspect: float = 0.72, **kwargs):
