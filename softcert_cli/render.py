@@ -209,7 +209,8 @@ def model_rows(res) -> list[list[str]]:
             ["attention heads per layer", get("heads")], ["MLP width", get("mlp")], ["patch size", get("patch")],
             ["classes", get("classes")], ["layer norm", get("layer_norm")], ["pooling", get("pool")],
             ["parameters", f"{m['parameters']:,}"],
-            ["input domain", f"images in [0, 1]^({shape}); perturbations: L∞ ball of radius ε, clipped to [0, 1]"],
+            ["input domain", f"images of shape {shape}, pixels in [0, 1]; perturbations: L∞ ball of radius ε, "
+                             "clipped to [0, 1]"],
             ["evaluated split", f"first {first['n']} images of the {m.get('data', 'test split')}"],
             ["clean accuracy (95 % CI)", f"{_kn(first['clean_k'], first['n'])} {_ci(first['clean_ci'])}"]]
 
@@ -281,7 +282,7 @@ _TEX = {"&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "ε": r"$\varepsilon$", 
         "p̂": r"$\hat p$", "−": "-", "⁻²⁴": r"$^{-24}$", "∞": r"$\infty$", "–": "--", "·": r"$\cdot$",
         "Σ": r"$\Sigma$", "ᵀ": r"$^\top$", "₂": "", "π": r"$\pi$", "Δ": r"$\Delta$", "←": r"$\leftarrow$",
         "∈": r"$\in$", "×": r"$\times$", "ρ": r"$\rho$", "τ⁺": r"$\tau^+$", "τ": r"$\tau$", "∇": r"$\nabla$",
-        "—": "---", "’": "'", "^": r"\^{}", "~": r"\~{}"}
+        "—": "---", "’": "'", "^": r"\^{}", "~": r"\~{}", "{": r"\{", "}": r"\}"}
 
 
 _TEX_RE = None

