@@ -77,7 +77,7 @@ def _radii_figure(plt, rd):
     if ex:
         ax.plot(ex, [0.5] * len(ex), linestyle="none", marker="x", color="#000000", label="exact radius")
     if log:
-        style.log_axis(ax, "x")
+        style.log_axis(ax, "x", [lo, hi])
     ax.set_xlabel("Taylor radius along −∇L")
     ax.set_ylabel("images")
     ax.legend(loc="best")
@@ -118,11 +118,11 @@ def _fp_figure(plt, fpr):
     ax.plot([m["n"] for m in ms], [max(m["max_measured_u"], floor) for m in ms], linestyle="none", marker="x",
             color="#000000", label="measured three-pass, max" + (f" (0 drawn at {floor:g})" if zero else ""))
     if log:
-        style.log_axis(ax, "y")
+        style.log_axis(ax, "y", [r["rel_in_u"] for r in fpr["table"]] + [max(m["max_measured_u"], floor) for m in ms])
     else:
         ax.set_ylim(bottom=0)
     if style.spans_decades(ns):
-        style.log_axis(ax, "x")
+        style.log_axis(ax, "x", ns)
     style.measured_ticks(ax, ns)
     ax.set_xlabel("sequence length n")
     ax.set_ylabel("relative error / u  (u = 2⁻²⁴)")

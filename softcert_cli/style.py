@@ -25,7 +25,7 @@ PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 SINGLE = 3.3  # in
 DOUBLE = 6.9  # in
-DECADES = 1.5  # wider than this (max/min of the positive values) and the axis is logarithmic
+DECADES = 1.0  # wider than this (max/min of the positive values) and the axis is logarithmic
 
 RC = {
     "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "legend.fontsize": 7,
@@ -120,12 +120,17 @@ def _null():
     return NullLocator()
 
 
-def log_axis(ax, axis: str = "y") -> None:
-    """A log axis whose labels read as plain numbers (0.01, 10, 1e+04), minor labels off."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+def log_axis(ax, axis: str = "y", values: Iterable[float] = ()) -> None:
+    """A log axis whose labels read as plain numbers (0.01, 10, 1e+04), minor labels off; when
+    ``values`` span at most 2.5 decades the labels sit at 1, 2 and 5 per decade, so that a
+    short log axis still carries several labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
     a = ax.yaxis if axis == "y" else ax.xaxis
+    pos = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if pos and math.log10(max(pos) / min(pos)) <= 2.5:
+        a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     a.set_minor_formatter(NullFormatter())
 
