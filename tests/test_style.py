@@ -82,7 +82,7 @@ def test_certified_accuracy_figure_markers_only_coincident_named_readable_ticks(
     plt = common.pyplot()
     style.apply(plt)
     res = _res()
-    fig = render._certified_accuracy_figure(plt, res["certify"]["rows"])
+    fig = render.certified_accuracy_figure(plt, res["certify"]["rows"])
     ax = fig.axes[0]
     assert fig.get_size_inches()[0] == pytest.approx(style.SINGLE)
     # no line joins two eps values: every data line is drawn without a line style
@@ -94,7 +94,7 @@ def test_certified_accuracy_figure_markers_only_coincident_named_readable_ticks(
     overlap, n = _labels_overlap(fig, ax, "x")
     assert n == 5 and not overlap
     plt.close(fig)
-    fig = render._certified_accuracy_figure(plt, _res(same=False)["certify"]["rows"])
+    fig = render.certified_accuracy_figure(plt, _res(same=False)["certify"]["rows"])
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "crown" in labels and "vertex" in labels and not any("coincide" in s for s in labels)
     plt.close(fig)
@@ -103,7 +103,7 @@ def test_certified_accuracy_figure_markers_only_coincident_named_readable_ticks(
 @pytest.mark.parametrize("spread,log", [(1e3, True), (1.0, False)])
 def test_fp_figure_log_only_across_decades(spread, log):
     plt = common.pyplot()
-    fig = render._fp_figure(plt, _res(spread=spread)["fp"])
+    fig = render.fp_figure(plt, _res(spread=spread)["fp"])
     ax = fig.axes[0]
     assert (ax.get_yscale() == "log") is log
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
