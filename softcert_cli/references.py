@@ -97,7 +97,9 @@ def bibtex(keys=None) -> str:
     out = []
     for key in keys:
         kind, fields = ENTRIES[key]
-        body = ",\n".join(f"  {name} = {{{value}}}" for name, value in fields.items())
+        # titles in double braces: BibTeX styles would lower-case "MiniLM", "Vertex-Softmax", ...
+        body = ",\n".join(f"  {name} = {{{{{value}}}}}" if name == "title" else f"  {name} = {{{value}}}"
+                           for name, value in fields.items())
         out.append(f"@{kind}{{{key},\n{body}\n}}")
     return "\n\n".join(out) + "\n"
 

@@ -420,6 +420,7 @@ def test_bib_entries_complete_and_issue_references_present():
         assert {"author", "title", "year"} <= set(fields), key
         assert kind != "misc" or fields["howpublished"].startswith("arXiv:"), key
         assert fields["title"].count("{") == fields["title"].count("}")
+        assert fields["title"].startswith("{") and fields["title"].endswith("}")  # casing kept by bibtex
     # CROWN, alpha-CROWN, auto_LiRPA, Vertex-Softmax, GenBaB, Blanchard-Higham-Higham, ghosts, top-k
     for key in ("zhang2018crown", "xu2021fast", "xu2020autolirpa", "davoodi2026vertex", "shi2025genbab",
                 "blanchard2021softmax", "sao2026ghosts", "tzachristas2025topk"):
