@@ -77,7 +77,9 @@ def backward(state, target, A, *, alphas=None, vertex_pv=()):
         bias = bias + b
         for j, a in zip(node.inputs, new):
             coef[j] = coef[j] + a if j in coef else a
-    raise RuntimeError("backward: the target does not depend on the input")
+    # no coefficient reached the input (e.g. Vertex-Softmax bounded every path through P·V):
+    # the bound is the constant collected so far
+    return _widen_lower(bias)
 
 
 def _planes(state, i):

@@ -81,14 +81,7 @@ def lower_bounds(graph, xl, xu, C, method="crown"):
     the Vertex-Softmax bound of a softmax output (see the module docstring)."""
     if method not in SOLVE_METHODS:
         raise ValueError(f"method: expected one of {SOLVE_METHODS}, got {method!r}")
-    try:
-        lo = linear_bounds(graph, xl, xu, C, method)
-    except RuntimeError as exc:
-        if method != "vertex" or "does not depend on the input" not in str(exc):
-            raise
-        # crown.backward raises when the Vertex P·V term absorbs every path to the input
-        # (an output that depends on the input only through P·V): CROWN's bound stands
-        lo = linear_bounds(graph, xl, xu, C, "crown")
+    lo = linear_bounds(graph, xl, xu, C, method)
     att = _output_softmax(graph)
     if method == "vertex" and att is not None:
         with torch.no_grad():
