@@ -2,7 +2,8 @@
 floating-point error bounds, feedback stability, experiments.
 
 Submodules are the public API (``analysis.ghosts``, ``analysis.topk`` ...); the most used
-names are re-exported here.
+names are re-exported here. ``SafeStepCallback`` and ``SafeStepLightningCallback`` resolve on
+first access (analysis.callbacks), so importing analysis imports neither transformers nor Lightning.
 """
 from analysis.ghosts import (
     RadiusNotVerified,
@@ -16,7 +17,14 @@ from analysis.ghosts import (
     radius_lower_bound_batch,
     top2_estimate,
 )
-from analysis.safestep import SafeStep, SafeStepController, SafeStepState, logit_slopes
+from analysis.safestep import (
+    SafeStep,
+    SafeStepController,
+    SafeStepGuard,
+    SafeStepState,
+    SafeStepWarning,
+    logit_slopes,
+)
 from analysis.topk import (
     OutputErrorBound,
     TopKCertificate,
@@ -33,10 +41,19 @@ from analysis.topk import (
 )
 
 __all__ = [
-    "OutputErrorBound", "RadiusNotVerified", "RadiusResult", "SafeStep", "SafeStepController", "SafeStepState",
+    "OutputErrorBound", "RadiusNotVerified", "RadiusResult", "SafeStep", "SafeStepCallback", "SafeStepController",
+    "SafeStepGuard", "SafeStepLightningCallback", "SafeStepState", "SafeStepWarning",
     "TopKCertificate", "batch_radius", "binary_radius", "blockwise_bound", "certified_k", "count_zeros",
     "certify_topk", "gap_bound", "gaussian_k_fraction", "gaussian_rule_check",
     "key_block_score_bounds", "logit_slopes", "multi_gap_bound", "output_error_bound",
     "pi_radius_batch", "radius_exact", "radius_lower_bound", "radius_lower_bound_batch",
     "tail_mass", "top2_estimate",
 ]
+
+
+def __getattr__(name):
+    if name in ("SafeStepCallback", "SafeStepLightningCallback"):
+        import analysis.callbacks
+
+        return getattr(analysis.callbacks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

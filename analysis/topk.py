@@ -17,7 +17,9 @@ masked rows raise ValueError. n_valid = number of unmasked keys of a row.
 
 Backends. ``certify_topk``, ``certified_k``, ``tail_mass``, ``gap_bound``, ``multi_gap_bound``,
 ``blockwise_bound`` and ``output_error_bound`` take ``backend="auto" | "torch" | "numba"``
-("auto" = numba, ``kernels.topk``). Input is validated here, before dispatch. Both backends
+("auto" = numba, ``kernels.topk``); ``tail_mass``, ``certify_topk``, ``certified_k`` and
+``output_error_bound`` also take "triton" (``kernels.triton_topk`` computes the tail sums,
+rounded outward here as on the torch path). Input is validated here, before dispatch. Both backends
 prove the same enclosure with the same constants (``kernels.topk``, ``kernels.floating``);
 their floats may differ in the last bits (exp implementations, summation order).
 
@@ -51,7 +53,7 @@ from bounds.box import as_float64, validate_scores
 from kernels import topk as ktopk
 from kernels.floating import EXP_ABS, RHO_WEIGHT, SUBNORMAL_ULP, U64, gamma
 
-BACKENDS = ("auto", "torch", "numba")
+BACKENDS = ("auto", "torch", "numba", "triton")
 METHOD = "sorted tail sums, outward rounded"
 
 ASSUMPTIONS = (
@@ -62,9 +64,12 @@ ASSUMPTIONS = (
 
 
 # ----------------------------------------------------------------------------- validation
-def _backend(backend) -> str:
+def _backend(backend, triton: bool = False) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if backend == "triton" and not triton:
+        raise ValueError("backend: 'triton' serves tail_mass, certify_topk, certified_k and "
+                         "output_error_bound only; use 'numba' or 'torch' here")
     return "numba" if backend == "auto" else backend
 
 
@@ -142,6 +147,19 @@ def tail_sums(w: torch.Tensor) -> torch.Tensor:
     return torch.cat([c, torch.zeros_like(c[..., :1])], dim=-1)
 
 
+def _tail_sums(s: torch.Tensor, backend: str):
+    """(T, n_valid) by the torch path or, for "triton", by ``kernels.triton_topk`` (any
+    summation order of the non-negative weights: the same error model)."""
+    if backend == "triton":
+        from kernels.triton_topk import tail_sums_triton
+
+        batch, n = s.shape[:-1], s.shape[-1]
+        T, n_valid = tail_sums_triton(s.reshape(-1, n))
+        return T.reshape(batch + (n + 1,)), n_valid.reshape(batch)
+    _, w, n_valid = sorted_weights(s)
+    return tail_sums(w), n_valid
+
+
 def _tail_from_sums(Tk, Z, k, n_valid, model: _TailModel, rounding: str):
     q = Tk / Z
     if rounding == "up":
@@ -165,14 +183,13 @@ def tail_mass(scores, k, *, rounding: str = "nearest", backend: str = "auto") ->
     """
     if rounding not in ktopk.ROUNDING_MODES:
         raise ValueError(f"rounding: expected 'up', 'down' or 'nearest', got {rounding!r}")
-    be = _backend(backend)
+    be = _backend(backend, triton=True)
     s = validate_scores(scores)
     kk = _validate_k(k, s.shape[:-1])
     if be == "numba":
         return ktopk.tail_mass_numba(s, kk, rounding)
     n = s.shape[-1]
-    _, w, n_valid = sorted_weights(s)
-    T = tail_sums(w)
+    T, n_valid = _tail_sums(s, be)
     Tk = T.gather(-1, kk.clamp(max=n).unsqueeze(-1)).squeeze(-1)
     return _tail_from_sums(Tk, T[..., 0], kk, n_valid, _TailModel.for_length(n), rounding)
 
@@ -203,7 +220,7 @@ class TopKCertificate:
 def certify_topk(scores, eps, *, backend: str = "auto") -> TopKCertificate:
     """Minimal k with τ⁺_k <= ε per row, with the evidence (see module doc on minimality)."""
     e = validate_eps(eps)
-    be = _backend(backend)
+    be = _backend(backend, triton=True)
     s = validate_scores(scores)
     if be == "numba":
         k, up_k, lo_prev, n_valid = ktopk.certify_rows_numba(s, e)
@@ -213,8 +230,7 @@ def certify_topk(scores, eps, *, backend: str = "auto") -> TopKCertificate:
         )
     n = s.shape[-1]
     model = _TailModel.for_length(n)
-    _, w, n_valid = sorted_weights(s)
-    T = tail_sums(w)
+    T, n_valid = _tail_sums(s, be)
     ks = torch.arange(n + 1).expand(T.shape)
     tau_up = _tail_from_sums(T, T[..., :1], ks, n_valid.unsqueeze(-1), model, "up")
     # τ⁺ is non-increasing in k and τ⁺_0 = 1 > ε: the least passing k = number failing
@@ -224,7 +240,7 @@ def certify_topk(scores, eps, *, backend: str = "auto") -> TopKCertificate:
     lo_prev = _tail_from_sums(Tprev, T[..., 0], k - 1, n_valid, model, "down")
     return TopKCertificate(
         k=k, n_valid=n_valid, tail_upper=up_k, tail_lower_prev=lo_prev,
-        minimal_proved=lo_prev > e, eps=e, method=f"{METHOD} (torch)",
+        minimal_proved=lo_prev > e, eps=e, method=f"{METHOD} ({be})",
     )
 
 

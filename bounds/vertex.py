@@ -34,6 +34,9 @@ ASSUMPTIONS = (
 )
 
 
+BACKENDS = ("auto", "numba", "torch", "triton")
+
+
 @dataclass(frozen=True)
 class VertexBounds:
     """Enclosure lower <= min c·softmax(s) and max c·softmax(s) <= upper over a score box.
@@ -57,23 +60,34 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     float64 exactly; an integer that float64 cannot hold exactly (|v| > 2^53) raises
     ValueError naming the argument, as does a meta tensor. Tensors on any device are copied
     to the CPU: results are CPU float64 tensors. ``backend``: "torch" (vectorised reference),
-    "numba" (``kernels.vertex``, parallel over rows) or "auto" (numba). Both certify their
-    bound with the error model of ``kernels.floating``; they agree to within its rounding
-    margin (tests/test_kernels_vertex.py).
+    "numba" (``kernels.vertex``, parallel over rows), "triton" (``kernels.triton_vertex``
+    proposes by the Dinkelbach iteration, this module proves; interpreted on a CPU) or
+    "auto" (numba). All certify their bound with the error model of ``kernels.floating``;
+    they agree to within its rounding margin (tests/test_kernels_vertex.py,
+    tests/test_triton_backends.py).
     """
-    if backend not in ("auto", "numba", "torch"):
-        raise ValueError(f"backend: expected 'auto', 'torch' or 'numba', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     c, lo, hi = coefficient_box(c, lower, upper)
     batch_shape = c.shape[:-1]
     n = c.shape[-1]
     c2, lo2, hi2 = (t.reshape(-1, n) for t in (c, lo, hi))
-    c2, k = _normalise(c2, hi2)
-    if backend in ("numba", "auto"):
+    if backend in ("numba", "auto"):  # the kernel scales each row itself (same _normalise)
         from kernels.vertex import vertex_bounds
 
         low, up, lo_mask, up_mask = (torch.from_numpy(x) for x in vertex_bounds(
             c2.numpy(), lo2.numpy(), hi2.numpy()))
+        k = None
     else:
+        c2, k = _normalise(c2, hi2)
+    if backend == "triton":
+        from kernels.triton_vertex import dinkelbach_triton
+
+        lam, theta, _, robust = dinkelbach_triton(c2, lo2, hi2)
+        up, up_mask = _prove_proposal(c2, lo2, hi2, lam[:, 0], theta[:, 0], robust)
+        neg_low, lo_mask = _prove_proposal(-c2, lo2, hi2, lam[:, 1], theta[:, 1], robust)
+        low = -neg_low
+    elif backend == "torch":
         up, up_mask = _max_with_vertex(c2, lo2, hi2)
         neg_low, lo_mask = _max_with_vertex(-c2, lo2, hi2)
         low = -neg_low
@@ -111,6 +125,42 @@ def _denormalise(bound: torch.Tensor, k, direction: float) -> torch.Tensor:
     inexact = np.ldexp(out, k) != b  # scaling back up is exact: compare to detect rounding
     out = np.where(inexact, np.nextafter(out, direction * np.inf), out)
     return torch.from_numpy(out)
+
+
+def _prove_proposal(c, lo, hi, value, theta, robust, tries: int = 2):
+    """(bound, vertex) for rows whose optimum value and vertex {c_i > θ} were proposed
+    elsewhere (the Triton Dinkelbach kernel). Each row is proved by the certificate at
+    value + h, h the a priori step of kernels.vertex._certify_fast (then 4h); rows not
+    proved within ``tries``, and ``robust`` rows, are solved by the sweep here. A proposal at
+    or above max c is replaced by max c, itself a bound."""
+    active = ~torch.isneginf(hi)
+    at_upper = (c > theta.unsqueeze(-1)) & active
+    ninf = torch.full_like(c, float("-inf"))
+    cmax = torch.where(active, c, ninf).amax(-1)
+    cmin = -torch.where(active, -c, ninf).amax(-1)
+    scale = torch.where(active, c.abs(), torch.zeros_like(c)).amax(-1)
+    top = torch.where(active, hi, ninf).amax(-1, keepdim=True)
+    spread = torch.where(torch.isneginf(lo), torch.zeros_like(lo), top - lo)
+    rel_max = term_rel(spread.amax(-1).clamp(max=EXP_ZERO_ARG))
+    n = c.shape[-1]
+    nu = (n + 1) * U64
+    step = 3.03 * (rel_max + nu / (1 - nu)) * (1 + rel_max) * (cmax - cmin)
+    step = step + 2 * U64 * value.abs() + TINY * (1 + scale)
+    bound = cmax.clone()
+    proved = value >= cmax
+    for _ in range(tries):
+        trial = torch.maximum(value + step, torch.nextafter(value, torch.full_like(value, 1e308)))
+        g, err, _ = certificate_gap(c, lo, hi, trial)
+        ok = (g <= -err) & ~proved
+        bound = torch.where(ok, torch.minimum(trial, cmax), bound)
+        proved |= ok
+        step = 4 * step
+    redo = (~proved) | robust
+    if redo.any():
+        b, m = _max_with_vertex(c[redo], lo[redo], hi[redo])
+        bound[redo] = b
+        at_upper[redo] = m
+    return bound, at_upper
 
 
 def _max_with_vertex(c, lo, hi):
@@ -188,6 +238,21 @@ def certificate_gap(c, lo, hi, lam):
     return terms.sum(-1), err, w.sum(-1)
 
 
+def _bisect(c, lo, hi, failed, bound, scale, steps: int = 64):
+    """The smallest proved λ in (failed, bound] to 1e-12 (1 + scale), by bisection on the
+    certificate; ``bound`` is proved on entry and every accepted λ is proved."""
+    for _ in range(steps):
+        open_ = bound - failed > 1e-12 * (1 + scale)
+        if not open_.any():
+            break
+        mid = failed + (bound - failed) / 2
+        g, err, _ = certificate_gap(c, lo, hi, mid)
+        ok = (g <= -err) & open_
+        bound = torch.where(ok, mid, bound)
+        failed = torch.where(open_ & ~ok, mid, failed)
+    return bound
+
+
 def certify_upper(c, lo, hi, value, max_rounds: int = 64) -> torch.Tensor:
     """Smallest proved upper bound λ >= value (up to a rounding margin) on max c·softmax(s).
 
@@ -200,16 +265,24 @@ def certify_upper(c, lo, hi, value, max_rounds: int = 64) -> torch.Tensor:
     g, err, dsum = certificate_gap(c, lo, hi, value)
     step = first_step(g.clamp(min=0), err, dsum.clamp(min=TINY), value, scale)
     bound = value.clone()
+    failed = value.clone()  # the largest trial not proved, per row
     proved = torch.zeros_like(value, dtype=torch.bool)
     for _ in range(max_rounds):
         trial = torch.maximum(value + step, torch.nextafter(value, torch.full_like(value, 1e308)))
         g, err, _ = certificate_gap(c, lo, hi, trial)
         ok = (g <= -err) & ~proved
         bound = torch.where(ok, trial, bound)
+        failed = torch.where(~ok & ~proved, trial, failed)
         proved |= ok
         if proved.all():
             break
         step = torch.where(proved, step, 4 * step)
     bound = torch.where(proved, bound, cmax)
+    # a row whose first trial failed had a proposal far from the optimum (e.g. the sweep's
+    # log-sums absorbed scores ~1e290 apart): the geometric widening overshoots, so bisect
+    # between its largest failed trial and the proved bound; every accepted λ is proved
+    idx = (proved & (failed > value) & (bound - failed > 1e-12 * (1 + scale))).nonzero().flatten()
+    if len(idx):
+        bound[idx] = _bisect(c[idx], lo[idx], hi[idx], failed[idx], bound[idx], scale[idx])
     # max_i c_i is itself an upper bound (softmax is a convex combination): keep the smaller
     return torch.minimum(bound, cmax)

@@ -25,8 +25,22 @@ from certify.methods import METHODS, Method
 from certify.models import ViT
 from certify.ops import OPERATORS, Operator
 from certify.trace import logits_of, supported_operators, trace
+from certify.vnnlib import Property, Region, read_vnnlib
+
+# the ONNX front end and the VNN-COMP solver import onnx (the "data" extra): loaded on first use
+_LAZY = {"ONNX_OPERATORS": "certify.onnx_graph", "OnnxNetwork": "certify.onnx_graph",
+         "read_onnx": "certify.onnx_graph", "Verdict": "certify.vnncomp"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'certify' has no attribute {name!r}")
 
 __all__ = ["METHODS", "OPERATORS", "AttackResult", "AttentionBox", "AttentionScores", "CertResult", "Evaluation", "Graph", "GraphModule",
            "Method", "Operator", "Record", "SoundnessError", "ViT", "attack", "attention_boxes", "attention_scores",
            "certified_accuracy", "check_supported", "embed", "evaluate", "forward", "graph_of", "linear_bounds",
            "logits_of", "robust_accuracy", "supported_operators", "trace", "verify", "verify_box", "verify_text"]
+__all__ += ["ONNX_OPERATORS", "OnnxNetwork", "Property", "Region", "Verdict", "read_onnx", "read_vnnlib"]

@@ -37,6 +37,7 @@ class BoundState:
         self.g = graph
         self.bounds = {0: (xl, xu)}
         self.consts = {}
+        self.planes = {}  # elementwise node id -> default planes (see _planes)
         self.batch = xl.shape[0]
 
 
@@ -68,12 +69,26 @@ def backward(state, target, A, *, alphas=None, vertex_pv=()):
             bias = bias + vertex_pv_term(state, i, Ai)
             continue
         alpha = None if alphas is None else alphas.get(i)
-        new, b = op.backward(node, Ai, [state.bounds[j] for j in node.inputs],
-                             [g.nodes[j].shape for j in node.inputs], state.consts.get(i), alpha)
+        if op.kind == "elementwise" and alpha is None:
+            new, b = op.step(Ai, _planes(state, i))
+        else:
+            new, b = op.backward(node, Ai, [state.bounds[j] for j in node.inputs],
+                                 [g.nodes[j].shape for j in node.inputs], state.consts.get(i), alpha)
         bias = bias + b
         for j, a in zip(node.inputs, new):
             coef[j] = coef[j] + a if j in coef else a
-    raise RuntimeError("backward: the target does not depend on the input")
+    # no coefficient reached the input (e.g. Vertex-Softmax bounded every path through P·V):
+    # the bound is the constant collected so far
+    return _widen_lower(bias)
+
+
+def _planes(state, i):
+    """The default planes of elementwise node i, computed once per input box: they depend
+    only on the bounds of the node's input, fixed once that node is bounded."""
+    if i not in state.planes:
+        l, u = state.bounds[state.g.nodes[i].inputs[0]]
+        state.planes[i] = state.g.nodes[i].operator.planes(l.unsqueeze(1), u.unsqueeze(1), None)
+    return state.planes[i]
 
 
 def vertex_pv_term(state, pv, A):

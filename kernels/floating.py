@@ -108,3 +108,7 @@ UBF16 = 2.0 ** -PBF16
 Q32 = 2.0 ** (EMIN32 - P32 + 1)
 Q16 = 2.0 ** (EMIN16 - P16 + 1)
 QBF16 = 2.0 ** (EMINBF16 - PBF16 + 1)
+
+#: float32 exp accuracy assumed for Triton on the CPU interpreter, where tl.exp is numpy's SIMD
+#: float32 exp (measured 2.49 ulp on AVX-512 here; tests/test_triton_backends.py re-measures)
+TRITON_CPU_EXP32_ULPS = 4.0

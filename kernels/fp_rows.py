@@ -29,7 +29,15 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from kernels.floating import EXP_ABS, EXP_ULPS, Q32, SUBNORMAL_ULP, U32, U64
+from kernels.floating import (
+    EXP_ABS,
+    EXP_ULPS,
+    Q32,
+    SUBNORMAL_ULP,
+    TRITON_CPU_EXP32_ULPS,
+    U32,
+    U64,
+)
 
 ALGO_CODES = {"three_pass": 0, "online": 1, "tree": 2}
 
@@ -133,6 +141,24 @@ def rows_bound_and_error(x, u, ue, q, algo, measure):
     return nn, mm, rr, ee, bb, meas
 
 
+@numba.njit(cache=True)
+def bounds_from_stats(nn, rr, z, zd, u, ue, q, algo):
+    """(E_p[m-x] rounded up, bound) per row from the float64 sums z = Σ e^{-d} and
+    zd = Σ d e^{-d} computed in any order elsewhere (the Triton kernel); the same inflation
+    as ``rows_bound_and_error``."""
+    rows = nn.shape[0]
+    ee = np.empty(rows)
+    bb = np.empty(rows)
+    for r in range(rows):
+        cnt = nn[r]
+        R = rr[r]
+        E = zd[r] / z[r] * (1.0 + (4.0 * (cnt + 10) + 2.0 * (EXP_ULPS + 748)) * U64) \
+            + cnt * (EXP_ABS * R + SUBNORMAL_ULP)
+        ee[r] = E
+        bb[r] = _row_bound(cnt, R, E, u, ue, q, algo)
+    return ee, bb
+
+
 @dataclass(frozen=True)
 class RowsReport:
     """Per-row a-posteriori bounds (normwise, relative to max p) and measured FP32 errors."""
@@ -148,11 +174,15 @@ class RowsReport:
 
 
 def rows_report(scores, algorithm: str = "three_pass", exp_ulps: float = 1.0,
-                measure: bool = True) -> RowsReport:
+                measure: bool = True, backend: str = "numba") -> RowsReport:
     """Bounds and measured FP32 errors for every row of ``scores`` (..., n); -inf = masked.
 
     ``algorithm`` selects the constants of the bound; ``measured`` is always the FP32
-    three-pass arithmetic (so compare it with the three_pass bound)."""
+    three-pass arithmetic (so compare it with the three_pass bound). ``backend``: "numba"
+    or "triton" (``kernels.triton_fp_rows``; its FP32 exps are the interpreter's on a CPU,
+    so ``exp_ulps`` is raised to at least TRITON_CPU_EXP32_ULPS there)."""
+    if backend not in ("numba", "triton"):
+        raise ValueError(f"backend: expected 'numba' or 'triton', got {backend!r}")
     if algorithm not in ALGO_CODES:
         raise ValueError(f"algorithm must be one of {tuple(ALGO_CODES)}, got {algorithm!r}")
     x = np.asarray(scores)
@@ -163,7 +193,17 @@ def rows_report(scores, algorithm: str = "three_pass", exp_ulps: float = 1.0,
         raise ValueError("scores must not contain NaN or +inf")
     if not np.all(np.isfinite(x).any(axis=1)):
         raise ValueError("scores: every row needs at least one finite (unmasked) entry")
-    out = rows_bound_and_error(x, U32, 2 * exp_ulps * U32, Q32, ALGO_CODES[algorithm], measure)
+    if backend == "triton":
+        from kernels.triton_fp_rows import row_stats_triton
+
+        exp_ulps = max(exp_ulps, TRITON_CPU_EXP32_ULPS)
+        nn, mm, rr, z, zd, meas = row_stats_triton(x, measure)
+        ee, bb = bounds_from_stats(nn, rr, z, zd, U32, 2 * exp_ulps * U32, Q32,
+                                   ALGO_CODES[algorithm])
+        out = (nn, mm.astype(np.float64), rr, ee, bb, meas)
+    else:
+        out = rows_bound_and_error(x, U32, 2 * exp_ulps * U32, Q32, ALGO_CODES[algorithm],
+                                   measure)
     shape = np.asarray(scores).shape[:-1]
     return RowsReport(*(a.reshape(shape) for a in out), algorithm, exp_ulps)
 

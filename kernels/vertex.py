@@ -1,4 +1,4 @@
-"""Numba kernel for batched Vertex-Softmax: one sort, two sweeps, two certificates per row.
+"""Numba kernel for batched Vertex-Softmax: Dinkelbach passes (no sort), two certificates per row.
 
 Array in, array out (numpy float64); ``bounds.vertex_softmax(backend="numba")`` calls it.
 The threshold theorem proposes the optimum, and the returned bound λ is proved by
@@ -7,6 +7,16 @@ bound of ``kernels.floating`` (``term_rel``, ``dot_error``, ``first_step``: the 
 formulas the torch reference uses, compiled here). The minimum is the
 maximum for -c, whose descending order is the reverse of c's, so one sort serves both.
 Rows run in parallel; no fastmath (it would void the error model).
+
+Sort-free route (``method="dinkelbach"``, the default; DESIGN.md §1): λ ← value of the vertex
+that puts {i : c_i > λ} at the upper bound, started from the all-upper vertex. Each step is
+one O(n) pass; in exact arithmetic the values increase strictly until a fixed point, and a
+fixed point is the optimum (g(λ) = 0 there). The iteration only proposes λ: the same
+certificate g(λ + h) <= -err as the sweep proves the bound, with the same a priori step h,
+so the bound is as tight as the sweep's. If the iteration stalls in floating point (one
+weight dominates, the step g/D is below rounding) or exceeds ``MAX_PASSES``, and the
+certificate fails at that step, the row falls back to the sort and sweep below
+(``method="sweep"`` always takes it).
 
 Fast path: weights a = e^{l-M}, b = e^{u-M}, M the row's largest upper score, computed once
 and reused by both sweeps and every certificate round. Rows where a weight would leave the
@@ -26,6 +36,10 @@ from kernels.floating import EXP_ZERO_ARG, TINY, U64
 
 #: weights below this take the robust path (a design threshold, not a rounding constant)
 FAST_PATH_MIN_WEIGHT = 2.0 ** -1000
+#: Dinkelbach passes before a row falls back to the sweep (a prototype needed <= 11 for
+#: n <= 512, median 1-3; DESIGN.md §1)
+MAX_PASSES = 40
+METHODS = ("dinkelbach", "sweep")
 NEG_INF = -np.inf
 
 # the shared error formulas, compiled (numba freezes the constants they read)
@@ -218,6 +232,77 @@ def _solve(sign, c, lo, hi, a, b, xa, xb, order, robust, cmax, cmin, scale, xmax
 
 
 @njit(cache=True)
+def _dinkelbach(sign, c, a, b, lam, mask_out):
+    """Dinkelbach iteration for max of (sign·c)·softmax on the fast path (weights a, b).
+
+    ``lam`` is the value of the all-upper vertex (the start). Returns (λ, passes): λ the
+    value of the last vertex, whose upper set {sign·c_i > θ} goes to mask_out. A pass from
+    θ = λ gives λ' on the set S = {c_i > λ}; if no c_i of S lies at or below λ', the next set
+    would be S again, so λ' is the fixed point and the confirming pass is skipped. Stops also
+    when a pass does not increase λ (a stall in floating point) or after MAX_PASSES; the
+    caller's certificate decides either way.
+    """
+    n = c.shape[0]
+    theta = NEG_INF
+    passes = 1
+    while passes < MAX_PASSES:
+        num, den = 0.0, 0.0
+        cmin_up = np.inf
+        for i in range(n):
+            ci = sign * c[i]
+            if ci > lam:
+                w = b[i]
+                cmin_up = min(cmin_up, ci)
+            else:
+                w = a[i]
+            num += ci * w
+            den += w
+        passes += 1
+        if not den > 0:
+            break
+        new = num / den
+        if not new > lam:
+            break
+        theta = lam
+        lam = new
+        if cmin_up > new:
+            break
+    for i in range(n):
+        mask_out[i] = sign * c[i] > theta
+    return lam, passes
+
+
+@njit(cache=True)
+def _prove_once(sign, c, lo, hi, a, b, xa, xb, value, cmax, cmin, scale, xmax, tries):
+    """(λ, proved): the first of ``tries`` widenings of ``value`` (a priori step as in
+    ``_certify_fast``, then x4) whose certificate holds on the fast path."""
+    if value >= cmax:  # max c bounds any convex combination; the iteration reached it
+        return cmax, True
+    n = c.shape[0]
+    rel_max = _term_rel(xmax)
+    nu = (n + 1) * U64
+    step = 3.03 * (rel_max + nu / (1.0 - nu)) * (1 + rel_max) * (cmax - cmin)
+    step += 2 * U64 * abs(value) + TINY * (1 + scale)
+    for _ in range(tries):
+        trial = max(value + step, np.nextafter(value, np.inf))
+        g, err, _ = _gap(sign, c, lo, hi, a, b, xa, xb, trial, False)
+        if g <= -err:
+            return min(trial, cmax), True
+        step *= 4
+    return cmax, False
+
+
+@njit(cache=True)
+def _unscale(bound, shift, toward):
+    """bound · 2^-shift, moved one ulp ``toward`` ±inf when it lands below the normal range
+    and loses bits (scaling back up is exact, so comparing detects the rounding)."""
+    out = math.ldexp(bound, -shift)
+    if math.ldexp(out, shift) != bound:
+        out = np.nextafter(out, toward)
+    return out
+
+
+@njit(cache=True)
 def _argsort_desc(c, order):
     """Indices of c in descending order; insertion sort for short rows (no allocation)."""
     n = c.shape[0]
@@ -233,8 +318,12 @@ def _argsort_desc(c, order):
 
 
 @njit(cache=True, parallel=True)
-def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks):
-    """Certified (min, max) of c·softmax(s) per row of (R, n) float64 arrays."""
+def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks, dinkelbach, passes):
+    """Certified (min, max) of c·softmax(s) per row of (R, n) float64 arrays.
+
+    With ``dinkelbach`` the fast-path rows try the sort-free iteration first; ``passes``
+    (R, 2) receives its pass count per bound (upper, lower), 0 where the sweep ran.
+    """
     rows, n = c.shape
     for k in prange(chunks):
         order = np.empty(n, dtype=np.int64)
@@ -245,6 +334,7 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks):
         w1 = np.empty(n + 1)
         w2 = np.empty(n + 1)
         w3 = np.empty(n + 1)
+        cbuf = np.empty(n)
         for r in range(k * rows // chunks, (k + 1) * rows // chunks):
             cr, lr, hr = c[r], lo[r], hi[r]
             top = NEG_INF
@@ -255,8 +345,20 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks):
                     cmax = max(cmax, cr[i])
                     cmin = min(cmin, cr[i])
                     scale = max(scale, abs(cr[i]))
+            # scale the row by 2^shift (exact) so that max |c_i| lies in [1, 2): keeps the
+            # products out of the subnormal range (bounds/vertex.py, _normalise)
+            shift = 0
+            if scale > 0.0:
+                shift = max(1 - math.frexp(scale)[1], 0)
+            if shift > 0:
+                for i in range(n):
+                    cbuf[i] = math.ldexp(cr[i], shift)
+                cr = cbuf
+                cmax, cmin = math.ldexp(cmax, shift), math.ldexp(cmin, shift)
+                scale = math.ldexp(scale, shift)
             robust = False
             xmax = 0.0
+            num, den = 0.0, 0.0  # the all-upper vertex: Dinkelbach's start for both bounds
             for i in range(n):
                 # an infinite exponent gives an exact zero weight: no error term (x = 0)
                 xb[i] = top - hr[i] if hr[i] != NEG_INF else 0.0
@@ -268,26 +370,58 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks):
                 ):
                     robust = True
                 xmax = max(xmax, min(xa[i], EXP_ZERO_ARG))
-            _argsort_desc(cr, order)
-            upper[r] = _solve(1.0, cr, lr, hr, a, b, xa, xb, order, robust, cmax, cmin, scale,
-                              xmax, up_mask[r], w1, w2, w3)
-            lower[r] = -_solve(-1.0, cr, lr, hr, a, b, xa, xb, order, robust, -cmin, -cmax,
-                               scale, xmax, lo_mask[r], w1, w2, w3)
+                num += cr[i] * b[i]
+                den += b[i]
+            done_up = done_lo = False
+            passes[r, 0] = passes[r, 1] = 0
+            if dinkelbach and not robust:
+                lam, npass = _dinkelbach(1.0, cr, a, b, num / den, up_mask[r])
+                upper[r], done_up = _prove_once(1.0, cr, lr, hr, a, b, xa, xb, lam, cmax,
+                                                cmin, scale, xmax, 2)
+                if done_up:
+                    passes[r, 0] = npass
+                lam, npass = _dinkelbach(-1.0, cr, a, b, -num / den, lo_mask[r])
+                neg, done_lo = _prove_once(-1.0, cr, lr, hr, a, b, xa, xb, lam, -cmin,
+                                           -cmax, scale, xmax, 2)
+                lower[r] = -neg
+                if done_lo:
+                    passes[r, 1] = npass
+            if not (done_up and done_lo):
+                _argsort_desc(cr, order)
+                if not done_up:
+                    upper[r] = _solve(1.0, cr, lr, hr, a, b, xa, xb, order, robust, cmax,
+                                      cmin, scale, xmax, up_mask[r], w1, w2, w3)
+                if not done_lo:
+                    lower[r] = -_solve(-1.0, cr, lr, hr, a, b, xa, xb, order, robust, -cmin,
+                                       -cmax, scale, xmax, lo_mask[r], w1, w2, w3)
+            if shift > 0:
+                upper[r] = _unscale(upper[r], shift, np.inf)
+                lower[r] = _unscale(lower[r], shift, -np.inf)
 
 
-def vertex_bounds(c: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+def vertex_bounds(c: np.ndarray, lo: np.ndarray, hi: np.ndarray, method: str = "dinkelbach",
+                  passes_out: np.ndarray | None = None):
     """Certified bounds of c·softmax(s) over lo <= s <= hi, one row per (R, n) row.
 
+    ``method``: "dinkelbach" (sort-free passes, sweep as fallback) or "sweep" (sort and
+    threshold sweep). Both prove their bound with the same certificate. ``passes_out``, an
+    optional (R, 2) int64 array, receives the Dinkelbach pass counts (0 = the sweep ran).
+
     Inputs: float64 arrays of one shape (R, n), validated by the caller (no NaN, no +inf,
-    lo <= hi, no fully masked row; -inf in hi marks a masked entry). Returns numpy arrays
+    lo <= hi, no fully masked row; -inf in hi marks a masked entry). Each row of c is scaled
+    by an exact power of two inside (max |c_i| in [1, 2)) and the bounds scaled back outward. Returns numpy arrays
     (lower (R,), upper (R,), lower-vertex mask (R, n), upper-vertex mask (R, n)); a mask
     entry is True where the optimal vertex puts that score at its upper bound.
     """
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
     cn, ln, hn = (np.ascontiguousarray(x, dtype=np.float64) for x in (c, lo, hi))
     rows = cn.shape[0]
+    passes = np.zeros((rows, 2), dtype=np.int64) if passes_out is None else passes_out
     upper, lower = np.empty(rows), np.empty(rows)
     up_mask = np.zeros(cn.shape, dtype=np.bool_)
     lo_mask = np.zeros(cn.shape, dtype=np.bool_)
     chunks = max(1, min(rows, 8 * get_num_threads()))
-    vertex_rows(cn, ln, hn, upper, lower, up_mask, lo_mask, chunks)
+    vertex_rows(cn, ln, hn, upper, lower, up_mask, lo_mask, chunks, method == "dinkelbach",
+                passes)
     return lower, upper, lo_mask, up_mask

@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("softcert_cli.commands.train", "retrain the model zoo checkpoints (certify/zoo/*.pt) from their recipes"),
     "report": ("softcert_cli.commands.report", "one command from a model to a checked report folder (md, tex, figures, JSON)"),
     "check": ("softcert_cli.commands.check", "re-check every certificate of a report's results.json independently"),
+    "vnncomp": ("softcert_cli.commands.vnncomp", "decide one VNN-COMP instance (ONNX model + VNN-LIB property), write the result file"),
+    "vnnlib": ("softcert_cli.commands.vnnlib", "the VNN-LIB 2.0 solver command line: verify a property, list supported ONNX operators"),
 }
 
 

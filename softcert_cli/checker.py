@@ -27,7 +27,8 @@ Record kinds:
   whatever IBP does") are not theorems for these relaxations and are not asserted.
 
 Sections: the table numbers are re-derived from the records and the section's own raw data
-(certified accuracy, PGD and clean accuracy and mean margins from verdicts; radius minima and
+(certified, PGD and clean counts k/n, their accuracies and their 95 % Clopper-Pearson intervals,
+whose ends are bracketed by exact rational binomial tails, and mean margins from verdicts; radius minima and
 medians from per-image lists; top-k means from integer totals; FP rows from the formula;
 feedback rows from their records), and the sealed manifest ties record counts to the
 settings, so deleting a record, a section or the digest table fails.
@@ -48,11 +49,13 @@ __all__ = ["CHECKERS", "exact", "as_float", "linear_max_sign", "vertex_claim_hol
            "tail_mass_bounds", "fp_formula", "norm_upper_holds", "check_vertex", "check_radius", "check_topk",
            "check_fp", "check_feedback", "check_verdict", "check_record", "check_certify_section",
            "check_radii_section", "check_topk_section", "check_fp_section", "check_feedback_section",
-           "check_appendix_section", "expected_counts", "check_manifest", "check_results"]
+           "check_appendix_section", "expected_counts", "check_manifest", "check_results",
+           "binomial_tail", "check_proportion_interval", "CI_TOL"]
 
 U64 = 2.0 ** -53
 VERTEX_MAX_PREC = 1 << 16  # bits; a nonzero sum is decided well before this on float64 inputs
 PGD_SLACK = 1e-9  # float64 evaluation error allowed on a recorded PGD margin (relative to 1 + |m|)
+CI_TOL = Fraction(1, 10 ** 9)  # a recorded interval endpoint may sit this far from the exact root
 
 
 # ----------------------------------------------------------------------------- exact numbers
@@ -589,6 +592,16 @@ def check_certify_section(sec, verdicts, settings, bad=frozenset()) -> list:
             ok = row[name] == val if name == "n" else _same_float(row[name], val)
             if not ok:
                 fails.append((where, f"{name} = {row[name]!r}, but the verdict records give {float(val)!r}"))
+        # the counts behind each accuracy, and their Clopper-Pearson intervals
+        for what in ("clean", "pgd", "certified"):
+            k_want = derived[f"{what}_acc"] * n
+            k_got = row.get(f"{what}_k")
+            if k_got is None or not _is_int(k_got) or k_got != k_want:
+                fails.append((where, f"{what}_k = {k_got!r}, but the verdict records give {int(k_want)}"))
+                continue
+            err = check_proportion_interval(k_got, n, row.get(f"{what}_ci"), row.get("confidence"))
+            if err:
+                fails.append((where, f"{what}_ci: {err}"))
         ms = [Fraction(v["lower_margin"]) for v in correct
               if v["lower_margin"] is not None and math.isfinite(v["lower_margin"])]
         claimed = row["mean_lower_margin"]
@@ -609,6 +622,46 @@ def check_certify_section(sec, verdicts, settings, bad=frozenset()) -> list:
             fails.append(("section certify", f"correct = {sec['correct']!r}, but the verdict records give "
                                              f"{len(correct_imgs & first_eps)}"))
     return fails
+
+
+def binomial_tail(n: int, k: int, p: Fraction, upper: bool = True) -> Fraction:
+    """P(X >= k) (``upper``) or P(X <= k) for X ~ Binomial(n, p), exactly in rationals."""
+    p = Fraction(p)
+    js = range(k, n + 1) if upper else range(0, k + 1)
+    return sum((math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in js), Fraction(0))
+
+
+def check_proportion_interval(k, n, ci, confidence) -> str | None:
+    """Is ``ci`` the Clopper-Pearson interval of k/n at ``confidence`` (to CI_TOL)?
+
+    lo: P(X >= k | lo) = α/2, increasing in p, so the exact root lies in [lo - tol, lo + tol]
+    iff the tail at lo - tol is <= α/2 <= the tail at lo + tol; hi mirrors it with
+    P(X <= k | hi) = α/2 (decreasing). k = 0 forces lo = 0 and k = n forces hi = 1.
+    """
+    if not (_is_int(k) and _is_int(n) and 0 <= k <= n and n >= 1):
+        return f"k/n = {k!r}/{n!r} is not a proportion of integers"
+    if not (isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                          and math.isfinite(v) for v in ci)):
+        return f"interval {ci!r} is not a pair of finite numbers"
+    if not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+        return f"confidence {confidence!r} is not in (0, 1)"
+    lo, hi = Fraction(ci[0]), Fraction(ci[1])
+    if not 0 <= lo <= Fraction(k, n) <= hi <= 1:
+        return f"interval {ci!r} does not satisfy 0 <= lo <= k/n <= hi <= 1"
+    half = (1 - Fraction(confidence).limit_denominator(10 ** 6)) / 2
+    one, zero = Fraction(1), Fraction(0)
+    if k == 0:
+        if lo != 0:
+            return f"lower end {ci[0]!r} of the interval for 0/{n} is not 0"
+    elif not (binomial_tail(n, k, max(zero, lo - CI_TOL)) <= half <= binomial_tail(n, k, min(one, lo + CI_TOL))):
+        return f"lower end {ci[0]!r} is not the Clopper-Pearson bound of {k}/{n}"
+    if k == n:
+        if hi != 1:
+            return f"upper end {ci[1]!r} of the interval for {n}/{n} is not 1"
+    elif not (binomial_tail(n, k, max(zero, hi - CI_TOL), upper=False) >= half
+              >= binomial_tail(n, k, min(one, hi + CI_TOL), upper=False)):
+        return f"upper end {ci[1]!r} is not the Clopper-Pearson bound of {k}/{n}"
+    return None
 
 
 def _lower_median(xs):

@@ -67,12 +67,16 @@ def write_markdown(path: Path | str, lines: str | Sequence[str]) -> Path:
 
 # ----------------------------------------------------------------------------- figures
 def pyplot():
-    """``matplotlib.pyplot`` on the Agg backend (no display; deterministic output)."""
+    """``matplotlib.pyplot`` on the Agg backend (no display; deterministic output), with the
+    colours, grid and embedded fonts of ``softcert_cli.style`` (sizes: see ``style.apply``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from softcert_cli import style
+
+    style.apply(plt, sizes=False)
     plt.rcParams["svg.hashsalt"] = "softcert"
     return plt
 

@@ -33,11 +33,15 @@ def load_model(spec: str, data: str | None = None):
         if spec in zoo.names():
             model, xte, yte = zoo.load(spec)
             if data is not None:
-                xte, yte = load_test_set(data, model.image, model.head.out_features)
+                xte, yte = load_test_set(data, model.image, classes_of(model))
             return model, xte, yte, f"zoo:{spec}"
         raise ValueError(f"model: {spec!r} is neither a file nor a zoo model ({', '.join(zoo.names())})")
-    if path.suffix.lower() == ".onnx":
-        model = load_onnx(path)
+    if path.suffix.lower() == ".onnx" or path.name.lower().endswith(".onnx.gz"):
+        try:
+            model = load_onnx(path)
+        except ValueError:
+            # not an export of the certify.ViT family: verify the ONNX graph itself
+            model = onnx_graph_module(path)
     else:
         try:
             ckpt = torch.load(path, weights_only=True, map_location="cpu")
@@ -71,7 +75,7 @@ def load_model(spec: str, data: str | None = None):
             raise ValueError(f"model: state dict does not fit the config: {str(exc)[:200]}") from None
     model.eval()
     if data is not None:
-        xte, yte = load_test_set(data, model.image, model.head.out_features)
+        xte, yte = load_test_set(data, model.image, classes_of(model))
         return model, xte, yte, str(path)
     ds = DATASETS.get(model.image)
     if ds is None:
@@ -254,6 +258,26 @@ def check_onnx_ops(graph_proto) -> None:
         if node.op_type not in ONNX_OPS:
             raise ValueError(f"model: unsupported layer {node.name or '<unnamed>'!r} (ONNX operator "
                              f"{node.op_type}); supported operators: {', '.join(ONNX_OPS)}")
+
+
+def classes_of(model) -> int:
+    """The number of logits of a loaded model (a certify.ViT or an ONNX graph module)."""
+    return model.head.out_features if hasattr(model, "head") else model.classes
+
+
+def onnx_graph_module(path: Path):
+    """Any ONNX classifier of supported operators as a certify.GraphModule (read through onnx
+    itself, ``certify.read_onnx``), with ``image`` (the input shape without the batch axis)
+    and ``classes``."""
+    import math
+
+    import certify
+
+    net = certify.read_onnx(path)
+    gm = certify.GraphModule(net.graph)
+    gm.image = tuple(net.input_shape[1:])
+    gm.classes = math.prod(net.output_shape[1:])
+    return gm
 
 
 def load_onnx(path: Path):

@@ -18,8 +18,27 @@ import json
 FORMAT = "softcert-results/2"
 SECTIONS = ("model", "settings", "certify", "radii", "topk", "fp", "feedback", "appendix")
 KINDS = ("verdict", "vertex", "radius", "topk", "fp", "feedback")
+CONFIDENCE = 0.95  # of the Clopper-Pearson intervals beside every k/n
 
-__all__ = ["FORMAT", "SECTIONS", "KINDS", "canonical", "sha256", "digest", "seal", "section_digests",
+
+def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> list:
+    """The exact (Clopper-Pearson 1934) two-sided interval [lo, hi] for a binomial proportion k/n.
+
+    lo solves P(X >= k | lo) = α/2 (lo = 0 when k = 0), hi solves P(X <= k | hi) = α/2 (hi = 1
+    when k = n), α = 1 - confidence; computed by ``scipy.stats.binomtest(k, n).proportion_ci(
+    method="exact")``. ``softcert_cli.checker.check_proportion_interval`` re-decides both
+    equations with exact rational binomial sums.
+    """
+    if isinstance(k, bool) or isinstance(n, bool) or int(k) != k or int(n) != n or n < 1 or not 0 <= k <= n:
+        raise ValueError(f"k, n: need integers 0 <= k <= n, n >= 1; got k={k!r}, n={n!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence: must lie in (0, 1), got {confidence!r}")
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="exact")
+    return [float(ci.low), float(ci.high)]
+
+__all__ = ["FORMAT", "SECTIONS", "KINDS", "CONFIDENCE", "clopper_pearson", "canonical", "sha256", "digest", "seal", "section_digests",
            "record_counts", "ids_digest", "sealed_manifest", "assemble"]
 
 

@@ -335,7 +335,7 @@ def test_traits_and_forward():
     x = torch.linspace(-5, 5, 41, dtype=torch.float64)
     for name in NAMES:
         op = ops.get(name)
-        assert op.kind == "elementwise" and op.slope_init is None
+        assert op.kind == "elementwise" and (op.slope_init is None) == (name == "sqrt")
         xx = x.abs() if name == "sqrt" else x
         torch.testing.assert_close(op.fn(xx), TORCH_F[name](xx))
         lo, hi = op.value_range
@@ -365,3 +365,85 @@ def test_backward_step_is_sound():
             lhs = ops.sum_rest(A * TORCH_F[name](x).unsqueeze(1))
             rhs = bias + ops.sum_rest(a_in * x.unsqueeze(1))
             assert (rhs <= lhs + 1e-12).all()
+
+
+# ---------------------------------------------------------------- the alpha family
+ALPHA_NAMES = ("gelu", "gelu_tanh", "tanh", "sigmoid")
+
+
+@pytest.mark.parametrize("name", ALPHA_NAMES)
+def test_alpha_lower_planes_sound(name):
+    """Every alpha in [0, 1] gives a sound lower plane (alpha-CROWN may pick any): float64
+    on 2000 points per box, mpmath at the ends and the closest points."""
+    l, u = random_boxes(name, 30, seed=11)
+    l, u = l[:, None], u[:, None]
+    alpha = torch.cat([torch.zeros(30, 1), torch.ones(30, 1), torch.rand(30, 3, generator=torch.Generator().manual_seed(2))],
+                      1).double()
+    lw, lb, uw, ub = ops.get(name).planes(l, u, alpha)
+    assert lw.shape == (30, 5) and uw.shape == (30, 5)
+    assert not torch.isnan(torch.stack([lw, lb])).any()
+    t = torch.rand(1998, 1, 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    x = torch.cat([l[None], u[None], l + (u - l) * t]).clamp(l, u).expand(-1, -1, 5)
+    fx = TORCH_F[name](x)
+    plo = lw * x + lb
+    tol = 4e-16 * (1 + fx.abs() + (lw * x).abs() + lb.abs())
+    assert (plo <= fx + tol).all()
+    close = (fx - plo).argmin(0)
+    for j in range(30):
+        for k in range(5):
+            for i in {0, 1, int(close[j, k])}:
+                xv = x[i, j, k]
+                fv = mp_f(name, xv)
+                assert fv >= mpmath.mpf(float(lw[j, k])) * mpmath.mpf(float(xv)) + mpmath.mpf(float(lb[j, k]))
+
+
+@pytest.mark.parametrize("name", ALPHA_NAMES)
+@given(c=finite, lw10=log_width, a=frac, t=frac)
+def test_alpha_planes_sound_property(name, c, lw10, a, t):
+    w = 10.0**lw10
+    l, u = c - w / 2, c + w / 2
+    lt, ut = torch.tensor([l], dtype=torch.float64), torch.tensor([u], dtype=torch.float64)
+    lw, lb, uw, ub = ops.get(name).planes(lt, ut, torch.tensor([a], dtype=torch.float64))
+    for x in {l, u, min(max(l + t * (u - l), l), u)}:
+        assert_plane_mp(name, x, lw[0], lb[0], uw[0], ub[0])
+
+
+@pytest.mark.parametrize("name", ALPHA_NAMES)
+def test_slope_init_gives_the_default_planes_and_gradients(name):
+    op = ops.get(name)
+    g = torch.Generator().manual_seed(4)
+    l = torch.randn(2, 7, 3, generator=g, dtype=torch.float64) * 3
+    u = l + torch.rand(2, 7, 3, generator=g, dtype=torch.float64) * 3
+    a0 = op.slope_init(l, u)
+    assert a0.shape == l.shape and ((a0 >= 0) & (a0 <= 1)).all()
+    alpha = a0.unsqueeze(1).expand(2, 4, 7, 3).clone().requires_grad_(True)
+    lw, lb, uw, ub = op.planes(l.unsqueeze(1), u.unsqueeze(1), alpha)
+    dlw, dlb, duw, dub = op.planes(l.unsqueeze(1), u.unsqueeze(1))
+    torch.testing.assert_close(lw, dlw.expand_as(lw), rtol=0, atol=1e-12)
+    torch.testing.assert_close(lb, dlb.expand_as(lb), rtol=0, atol=1e-11)
+    torch.testing.assert_close(ub, dub.expand_as(ub))
+    (lw * (l + u).unsqueeze(1) / 2 + lb).sum().backward()
+    assert torch.isfinite(alpha.grad).all() and alpha.grad.abs().sum() > 0
+
+
+def test_alpha_with_infinite_ends_keeps_the_constant_planes():
+    inf = math.inf
+    l = torch.tensor([-inf, -1.0, 0.0], dtype=torch.float64)
+    u = torch.tensor([1.0, inf, 2.0], dtype=torch.float64)
+    for name in ALPHA_NAMES:
+        lw, lb, _, _ = ops.get(name).planes(l, u, torch.full((3,), 0.3, dtype=torch.float64))
+        d = ops.get(name).planes(l, u)
+        assert not torch.isnan(torch.stack([lw, lb])).any()
+        assert lw[0] == d[0][0] and lb[0] == d[1][0] and lw[1] == d[0][1] and lb[1] == d[1][1]
+
+
+def test_empty_box_gives_no_information():
+    """l > u (never from the verifier, possible from a caller): 0·x ± inf, never f >= +inf."""
+    l, u = torch.tensor([2.0, 1.0], dtype=torch.float64), torch.tensor([1.0, 2.0], dtype=torch.float64)
+    for name in NAMES:
+        lw, lb, uw, ub = ops.get(name).planes(l, u)
+        assert (lw[0], lb[0], uw[0], ub[0]) == (0.0, -math.inf, 0.0, math.inf)
+        assert torch.isfinite(torch.stack([lw[1], lb[1], uw[1], ub[1]])).all()
+        if name != "sqrt":
+            lw, lb, _, _ = ops.get(name).planes(l, u, torch.tensor([0.5, 0.5], dtype=torch.float64))
+            assert (lw[0], lb[0]) == (0.0, -math.inf)

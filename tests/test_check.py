@@ -169,3 +169,61 @@ def test_vertex_decision_exact_ties_and_masks():
     tiny = 5e-324
     assert check.vertex_claim_holds([1, 0], [0.0, tiny], [0.0, tiny], Fraction(1, 2), "upper")
     assert not check.vertex_claim_holds([1, 0], [0.0, tiny], [0.0, tiny], Fraction(1, 2), "lower")
+
+
+# ----------------------------------------------------------------------------- Clopper-Pearson
+def _mp_brackets(k, n, ci, tol=1e-10, conf=0.95, dps=50):
+    """True when the exact Clopper-Pearson ends lie within ``tol`` of ``ci``: the regularised
+    incomplete beta (mpmath, ``dps`` digits) crosses its target inside [end - tol, end + tol].
+    lo solves I_p(k, n-k+1) = α/2, hi solves I_p(k+1, n-k) = 1 - α/2; both increase in p."""
+    with mpmath.workdps(dps):
+        alpha = (1 - mpmath.mpf(conf)) / 2
+
+        def crosses(a, b, target, end):
+            lo, hi = max(mpmath.mpf(0), mpmath.mpf(end) - tol), min(mpmath.mpf(1), mpmath.mpf(end) + tol)
+            f = lambda p: mpmath.betainc(a, b, 0, p, regularized=True) - target  # noqa: E731
+            return f(lo) <= 0 <= f(hi)
+
+        ok_lo = ci[0] == 0 if k == 0 else crosses(k, n - k + 1, alpha, ci[0])
+        ok_hi = ci[1] == 1 if k == n else crosses(k + 1, n - k, 1 - alpha, ci[1])
+    return ok_lo and ok_hi
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 64).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_clopper_pearson_matches_mpmath_and_the_exact_checker(kn):
+    from softcert_cli.records import clopper_pearson
+
+    k, n = kn
+    ci = clopper_pearson(k, n)
+    assert _mp_brackets(k, n, ci)
+    assert check.check_proportion_interval(k, n, ci, 0.95) is None
+    # the exact checker is not a rubber stamp: an end moved by 1e-6 is refused
+    if k > 0:
+        assert check.check_proportion_interval(k, n, [ci[0] + 1e-6, ci[1]], 0.95) is not None
+        assert check.check_proportion_interval(k, n, [max(0.0, ci[0] - 1e-6), ci[1]], 0.95) is not None
+    if k < n:
+        assert check.check_proportion_interval(k, n, [ci[0], ci[1] - 1e-6], 0.95) is not None
+        assert check.check_proportion_interval(k, n, [ci[0], min(1.0, ci[1] + 1e-6)], 0.95) is not None
+
+
+def test_clopper_pearson_known_values_and_bad_input():
+    from scipy.stats import binomtest
+
+    from softcert_cli.records import clopper_pearson
+
+    # 5/6 (Table 1 of issue 17 printed it as 0.83): scipy's exact interval
+    r = binomtest(5, 6).proportion_ci(confidence_level=0.95, method="exact")
+    assert clopper_pearson(5, 6) == pytest.approx([r.low, r.high], abs=1e-15)
+    assert clopper_pearson(0, 6)[0] == 0.0 and clopper_pearson(6, 6)[1] == 1.0
+    # 1 - (α/2)^(1/n) closed forms at k = n and k = 0
+    assert clopper_pearson(6, 6)[0] == pytest.approx(0.025 ** (1 / 6), rel=1e-12)
+    assert clopper_pearson(0, 6)[1] == pytest.approx(1 - 0.025 ** (1 / 6), rel=1e-12)
+    for k, n in ((3, 2), (-1, 4), (1, 0), (1.5, 3), (True, 3)):
+        with pytest.raises(ValueError, match="k, n"):
+            clopper_pearson(k, n)
+    with pytest.raises(ValueError, match="confidence"):
+        clopper_pearson(1, 2, confidence=1.5)
+    assert check.check_proportion_interval(0, 6, [1e-3, 0.5], 0.95) is not None  # 0/n starts at 0
+    assert check.check_proportion_interval(3, 6, "x", 0.95) is not None
+    assert check.check_proportion_interval(3, 6, [0.6, 0.4], 0.95) is not None

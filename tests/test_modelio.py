@@ -45,18 +45,18 @@ def test_onnx_export_of_the_family_loads_and_matches(tmp_path, name):
 
 
 def test_onnx_with_unsupported_operator_names_it(tmp_path):
-    class Conv(torch.nn.Module):
+    class Ranked(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.c = torch.nn.Conv2d(1, 2, 3)
+            self.c = torch.nn.Conv2d(1, 2, 3)  # supported since the generic front end
             self.fc = torch.nn.Linear(72, 10)
 
         def forward(self, x):
-            return self.fc(self.c(x).flatten(1))
+            return torch.topk(self.fc(self.c(x).flatten(1)), 10).values
 
-    p = tmp_path / "conv.onnx"
-    _export(Conv(), torch.zeros(1, 1, 8, 8), p)
-    with pytest.raises(ValueError, match=r"unsupported layer .*Conv.*supported operators: Add"):
+    p = tmp_path / "ranked.onnx"
+    _export(Ranked(), torch.zeros(1, 1, 8, 8), p)
+    with pytest.raises(ValueError, match=r"unsupported ONNX operator TopK"):
         modelio.load_model(str(p))
 
 
@@ -146,3 +146,24 @@ def test_bad_data_file_kinds(tmp_path):
     torch.save([torch.zeros(1)], p)
     with pytest.raises(ValueError, match="--data: .*expected a dict with keys 'x', 'y' or a tuple"):
         modelio.load_model(str(ckpt), data=str(p))
+
+
+def test_any_onnx_classifier_loads_as_its_own_graph(tmp_path):
+    """An ONNX export outside the certify.ViT family is verified on the ONNX graph itself."""
+    import certify
+    from softcert_cli.modelio import load_model
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.GELU(),
+                            torch.nn.Linear(16, 10)).eval()
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(m, (torch.rand(1, 1, 8, 8),), str(path), dynamo=False, opset_version=17)
+    model, xte, yte, label = load_model(str(path))
+    assert isinstance(model, certify.GraphModule) and model.image == (1, 8, 8) and model.classes == 10
+    x = xte[:3].double()
+    with torch.no_grad():
+        y = m(x.float()).argmax(1)
+        torch.testing.assert_close(model(x), m(x.float()).double(), rtol=1e-5, atol=1e-5)
+    r = certify.verify(model, x, y, 0.01, method="crown")
+    a = certify.attack(model, x, y, 0.01, steps=5)
+    assert (a.min_margin >= r.worst_margin - 1e-9).all()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import pytest
 import torch
@@ -332,3 +333,132 @@ def test_unverified_exact_radius_is_recorded_without_a_claim(tmp_path, monkeypat
     by_id = {r["id"]: r for r in recs}
     settings = {"radius_images": st.radius_images, "exact_radii": st.exact_radii}
     assert checker.check_radii_section(sec, by_id, frozenset(), settings) == []
+
+
+# ----------------------------------------------------------------------------- issue 17: paper-ready
+def test_certify_rows_carry_counts_and_scipy_intervals(tiny_report):
+    from scipy.stats import binomtest
+
+    res = _results(tiny_report)
+    verdicts = [r for r in res["certificates"] if r["kind"] == "verdict"]
+    for row in res["certify"]["rows"]:
+        vs = [v for v in verdicts if v["eps"] == row["eps"] and v["method"] == row["method"]]
+        assert row["certified_k"] == sum(v["certified"] for v in vs) and row["n"] == len(vs)
+        assert row["certified_acc"] == row["certified_k"] / row["n"] and row["confidence"] == 0.95
+        for what in ("clean", "pgd", "certified"):
+            r = binomtest(row[f"{what}_k"], row["n"]).proportion_ci(confidence_level=0.95, method="exact")
+            assert row[f"{what}_ci"] == pytest.approx([r.low, r.high], abs=1e-12)
+            assert checker.check_proportion_interval(row[f"{what}_k"], row["n"], row[f"{what}_ci"], 0.95) is None
+
+
+@pytest.mark.parametrize("mutate,name", [
+    (lambda s: _first(s["rows"], method="ibp").update(certified_k=1), "section certify row eps=0.02 method=ibp"),
+    (lambda s: _first(s["rows"], method="ibp").update(certified_ci=[0.01, 0.8419]), "section certify row eps=0.02 method=ibp"),
+    (lambda s: _first(s["rows"], method="crown").update(
+        pgd_ci=[_first(s["rows"], method="crown")["pgd_ci"][0], 0.99]), "section certify row eps=0.02 method=crown"),
+    (lambda s: _first(s["rows"], method="crown").update(
+        certified_ci=[_first(s["rows"], method="crown")["certified_ci"][0] * (1 + 1e-6), 1.0]),
+     "section certify row eps=0.02 method=crown"),
+    (lambda s: _first(s["rows"], method="vertex").pop("clean_ci"), "section certify row eps=0.02 method=vertex"),
+    (lambda s: _first(s["rows"], method="vertex").update(confidence=0.9), "section certify row eps=0.02 method=vertex"),
+])
+def test_edited_count_or_interval_fails(tiny_report, mutate, name):
+    res = _results(tiny_report)
+    mutate(res["certify"])
+    fails = checker.check_results(_reseal(res, "certify"))
+    assert name in [f[0] for f in fails], fails
+
+
+def _non_ascii_outside_verbatim(tex):
+    import re
+
+    return sorted({c for c in re.sub(r"\\verb\|[^|]*\|", "", tex) if ord(c) > 127})
+
+
+def test_tex_cites_every_method_run_and_uses_base_packages(tiny_report):
+    import re
+
+    from softcert_cli import references
+
+    tex = (tiny_report / "report.tex").read_text()
+    packages = set(re.findall(r"\\usepackage(?:\[[^]]*\])?\{([^}]*)\}", tex))
+    allowed = {"geometry", "booktabs", "graphicx", "amsmath,amssymb", "fontenc", "inputenc", "hyperref"}
+    assert packages <= allowed, packages - allowed
+    assert _non_ascii_outside_verbatim(tex) == []  # every Unicode symbol went through _tex_escape
+    methods = tex[tex.index(r"\section*{Methods}"):tex.index(r"\begin{table}", tex.index(r"\section*{Methods}"))]
+    for m in TINY.methods:
+        assert f"{m} (" in methods
+        assert all(rf"{k}" in methods for k in references.METHOD_KEYS[m])
+    for key in ("madry2018pgd", "clopper1934", "sao2026ghosts", "tzachristas2025topk", "blanchard2021softmax",
+                "shi2025genbab", "wang2020minilm"):
+        assert key in references.cited(methods)
+    assert "cactus" in methods and "not implemented" in methods  # branch-and-bound: said, not shown
+    assert r"\bibliography{references}" in tex and r"\bibliographystyle{plain}" in tex
+    # every citation resolves in the written .bib, and the .bib holds nothing uncited
+    bib = (tiny_report / "references.bib").read_text()
+    bib_keys = re.findall(r"^@\w+\{([^,]+),", bib, flags=re.M)
+    assert sorted(bib_keys) == sorted(references.cited(tex))
+    # tables: the model table, k/n with intervals, per-head detail only in the appendix
+    main, appendix = tex.split(r"\appendix")
+    assert r"\label{tab:model}" in main and "attention heads per layer" in main
+    assert re.search(r"\d+/\d+ & \[0\.\d\d, [01]\.\d\d\]", main)
+    assert r"\label{tab:topk_heads}" in appendix and "h11" in appendix and "h11" not in main
+    for fig in ("certified_accuracy", "radii", "fp_bounds"):
+        assert rf"\includegraphics[width=3.3in]{{{fig}.pdf}}" in main  # single column at natural size
+
+
+def test_bib_entries_complete_and_issue_references_present():
+    import re
+
+    from softcert_cli import references
+
+    bib = references.bibtex()
+    entries = re.findall(r"@(\w+)\{([^,]+),\n(.*?)\n\}", bib, flags=re.S)
+    assert len(entries) == len(references.ENTRIES) == len({k for _, k, _ in entries})
+    for kind, key, body in entries:
+        fields = dict(re.findall(r"^\s+(\w+) = \{(.*)\},?$", body, flags=re.M))
+        assert {"author", "title", "year"} <= set(fields), key
+        assert kind != "misc" or fields["howpublished"].startswith("arXiv:"), key
+        assert fields["title"].count("{") == fields["title"].count("}")
+        assert fields["title"].startswith("{") and fields["title"].endswith("}")  # casing kept by bibtex
+    # CROWN, alpha-CROWN, auto_LiRPA, Vertex-Softmax, GenBaB, Blanchard-Higham-Higham, ghosts, top-k
+    for key in ("zhang2018crown", "xu2021fast", "xu2020autolirpa", "davoodi2026vertex", "shi2025genbab",
+                "blanchard2021softmax", "sao2026ghosts", "tzachristas2025topk"):
+        assert key in references.ENTRIES
+    assert set(references.METHOD_KEYS) == set(certify_methods())
+    with pytest.raises(ValueError, match="keys"):
+        references.bibtex(["nope2020"])
+    md = references.markdown_entry("blanchard2021softmax")
+    assert md.startswith("[blanchard2021softmax] Pierre Blanchard, Desmond J. Higham, Nicholas J. Higham.")
+
+
+def certify_methods():
+    import certify
+
+    return certify.METHODS
+
+
+def test_markdown_has_model_methods_references_and_intervals(tiny_report):
+    md = (tiny_report / "report.md").read_text()
+    for heading in ("## Model", "## Methods", "## References", "## Appendix: certified top-k per head"):
+        assert heading in md
+    assert "| ε | method | certified k/n | 95 % CI | PGD k/n | 95 % CI |" in md
+    assert "[madry2018pgd]" in md and "- [clopper1934] C. J. Clopper, E. S. Pearson." in md
+    res = _results(tiny_report)
+    row = res["certify"]["rows"][0]
+    assert f"| {row['certified_k']}/{row['n']} | [{row['certified_ci'][0]:.2f}, {row['certified_ci'][1]:.2f}] |" in md
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex not installed (the .tex text is tested above)")
+def test_pdf_compiles_and_pages_render(tiny_report):
+    from softcert_cli import render
+
+    note = render.compile_pdf(tiny_report)
+    assert note.startswith("report.pdf compiled"), (tiny_report / "report.log").read_text()[-2000:]
+    import re
+
+    log = (tiny_report / "report.log").read_text(errors="replace")
+    if shutil.which("bibtex"):
+        assert re.search(r"Citation .* undefined", log) is None
+    if shutil.which("pdftoppm"):
+        assert sorted(tiny_report.glob("page-*.png"))  # look at them: docs/report/README.md

@@ -10,10 +10,14 @@ planes and traits. Planes are built in two steps:
 2. the intercept *certified* for that slope: b = inf (lower) or sup (upper) over [l, u] of
    g(x) = f(x) - s·x, computed on the pieces where f has one curvature (``_sup``): on a
    piece where ±g is convex its max is at the piece's ends; where it is concave,
-   g(x) <= g(p) + g'(p)(x - p) for any p (p = the critical point, found by bisection: any p
-   is sound, a good one is tight); on a sliver [a, b] bracketing an inflection point whose
-   float64 value is inexact, max g <= max(g(a), g(b)) + M (b - a)²/8 with M >= max|f''|.
-So any slope is sound; the slope only decides tightness. Every float64 value of f and f'
+   g(x) <= g(p) + g'(p)(x - p) for any p (p = the critical point, found by safeguarded
+   Newton: any p is sound, a good one is tight); on a sliver [a, b] bracketing an
+   inflection point whose float64 value is inexact, max g <= max(g(a), g(b)) + M (b - a)²/8
+   with M >= max|f''|.
+So any slope is sound; the slope only decides tightness. This also gives alpha-CROWN its
+family (``_with_alpha``): lower slope smin + alpha (smax - smin) over the range of f' on
+[l, u], the intercept certified, for gelu, gelu_tanh, tanh and sigmoid (sqrt is concave:
+its chord is already the best lower plane). Every float64 value of f and f'
 carries a proven error bound (the ``_*_value`` and ``_*_slope`` functions), added on the
 safe side, so lw·x + lb <= f(x) <= uw·x + ub holds in real arithmetic for the float64
 coefficients returned. Infinite end points give constant planes from the image (slope 1
@@ -267,7 +271,13 @@ def _solve(fun, lo, hi, p, tol, done):
 
 def _critical(curve, sign, s, a, b):
     """A point of [a, b] near the maximiser of the concave g = sign·(f - s x): an end when
-    g' does not change sign, else the root of the decreasing g'."""
+    g' does not change sign, else the root of the decreasing g'. No gradient: by the
+    envelope theorem d max g / ds = -sign·p, which the caller's g(p) carries."""
+    return _critical_point(curve, sign, s.detach(), a.detach(), b.detach())
+
+
+@torch.no_grad()
+def _critical_point(curve, sign, s, a, b):
     ga = sign * (curve.slope(a)[0] - s)
     gb = sign * (curve.slope(b)[0] - s)
     at_a, at_b = ~(ga > 0), gb >= 0
@@ -314,7 +324,8 @@ def _sup(curve, sign, s, l, u):
         else:           # concave: tangent at the critical point
             v = _tangent_bound(curve, sign, s_, a, b, _critical(curve, sign, s_, a, b))
         best[idx] = torch.maximum(best[idx], v)
-    return best
+    # an empty box (l > u) or NaN ends: no information, never a plane "f >= +inf"
+    return torch.where(l <= u, best, torch.inf)
 
 
 def intercepts(name, l, u, lw, uw):
@@ -469,10 +480,84 @@ def _planes(name, image, slopes, unbounded=None, lo_floor=None):
     return planes
 
 
+def _with_alpha(name, default, slope_range):
+    """planes(l, u, alpha): ``default`` without alpha; with alpha in [0, 1] (any shape that
+    broadcasts with l, u, e.g. (B, S, *shape) in alpha-CROWN) the lower plane of slope
+    smin + alpha (smax - smin), [smin, smax] = ``slope_range(l, u)`` (the range of f' on
+    [l, u], which holds the slope of every best lower plane), with its certified
+    intercept: sound for every alpha, differentiable in alpha (d lb / ds = -argmin)."""
+    curve = CURVES[name]
+
+    def planes(l, u, alpha=None):
+        out = default(l, u)
+        if alpha is None:
+            return out
+        lw0, lb0, uw, ub = out
+        l, u, a = torch.broadcast_tensors(_as64(l), _as64(u), torch.as_tensor(alpha).to(torch.float64))
+        shape = l.shape
+        l, u, a = l.reshape(-1), u.reshape(-1), a.reshape(-1)
+        fin = torch.isfinite(l) & torch.isfinite(u)
+        lf, uf = torch.where(fin, l, 0.0), torch.where(fin, u, 0.0)
+        with torch.no_grad():
+            smin, smax = slope_range(lf, uf)
+        s = smin + a.clamp(0, 1) * (smax - smin)
+        s = torch.where(torch.isfinite(s), s, 0.0)
+        lb = -_sup(curve, -1, s, lf, uf)
+        lw = torch.where(fin, s, lw0.expand(shape).reshape(-1))
+        lb = torch.where(fin, lb, lb0.expand(shape).reshape(-1))
+        bad = torch.isnan(lw) | torch.isnan(lb) | (lb == -torch.inf)
+        lw, lb = torch.where(bad, 0.0, lw), torch.where(bad, -torch.inf, lb)
+        return lw.reshape(shape), lb.reshape(shape), uw.expand(shape), ub.expand(shape)
+    return planes
+
+
+def _alpha_init(default, slope_range):
+    """slope_init(l, u): the alpha whose slope is the default (CROWN-rule) lower slope."""
+    @torch.no_grad()
+    def init(l, u):
+        l, u = torch.broadcast_tensors(_as64(l), _as64(u))
+        lw = default(l, u)[0].reshape(-1)
+        shape = l.shape
+        l, u = l.reshape(-1), u.reshape(-1)
+        fin = torch.isfinite(l) & torch.isfinite(u)
+        smin, smax = slope_range(torch.where(fin, l, 0.0), torch.where(fin, u, 0.0))
+        span = smax - smin
+        a = ((lw - smin) / torch.where(span > 0, span, 1.0)).clamp(0, 1)
+        return torch.where(fin & (span > 0) & torch.isfinite(a), a, 0.5).reshape(shape)
+    return init
+
+
+def _gelu_slope_range(name, r):
+    """f' decreases on (-inf, -r], increases on [-r, r], decreases on [r, inf)."""
+    curve = CURVES[name]
+
+    def slope_range(l, u):
+        def at(x):
+            return curve.slope(x)[0]
+        inside = lambda c: torch.maximum(torch.minimum(torch.full_like(l, c), u), l)  # noqa: E731
+        dl, du = at(l), at(u)
+        lo = torch.minimum(torch.minimum(dl, du), at(inside(-r)))
+        hi = torch.maximum(torch.maximum(dl, du), at(inside(r)))
+        return lo, hi
+    return slope_range
+
+
+def _s_slope_range(name):
+    """f' increases on x <= 0, decreases on x >= 0."""
+    curve = CURVES[name]
+
+    def slope_range(l, u):
+        lo = torch.minimum(curve.slope(l)[0], curve.slope(u)[0])
+        hi = curve.slope(torch.maximum(torch.minimum(torch.zeros_like(l), u), l))[0]
+        return lo, hi
+    return slope_range
+
+
 def _sanitize(lw, lb, uw, ub):
-    # any NaN (overflow in s·x for huge slopes and ends) becomes "no information"
-    bad_l = torch.isnan(lw) | torch.isnan(lb) | torch.isinf(lw)
-    bad_u = torch.isnan(uw) | torch.isnan(ub) | torch.isinf(uw)
+    # any NaN (overflow in s·x for huge slopes and ends) or infinite intercept becomes "no
+    # information": 0·x ± inf
+    bad_l = torch.isnan(lw) | torch.isnan(lb) | torch.isinf(lw) | (lb == -torch.inf)
+    bad_u = torch.isnan(uw) | torch.isnan(ub) | torch.isinf(uw) | (ub == torch.inf)
     return (torch.where(bad_l, 0.0, lw), torch.where(bad_l, -torch.inf, lb),
             torch.where(bad_u, 0.0, uw), torch.where(bad_u, torch.inf, ub))
 
@@ -508,23 +593,34 @@ tanh_image = _monotone_image(CURVES["tanh"], (-1.0, 1.0))
 sigmoid_image = _monotone_image(CURVES["sigmoid"], (0.0, 1.0))
 sqrt_image = _monotone_image(CURVES["sqrt"], (0.0, None))
 
-gelu_planes = _planes("gelu", gelu_image, lambda l, u: _gelu_slopes("gelu", l, u), _gelu_unbounded,
-                      GELU_ERF.minimum[0])
-gelu_tanh_planes = _planes("gelu_tanh", gelu_tanh_image, lambda l, u: _gelu_slopes("gelu_tanh", l, u),
-                           _gelu_unbounded, GELU_TANH.minimum[0])
-tanh_planes = _planes("tanh", tanh_image, lambda l, u: _s_slopes(CURVES["tanh"], l, u))
-sigmoid_planes = _planes("sigmoid", sigmoid_image, lambda l, u: _s_slopes(CURVES["sigmoid"], l, u))
+_gelu_default = _planes("gelu", gelu_image, lambda l, u: _gelu_slopes("gelu", l, u), _gelu_unbounded,
+                        GELU_ERF.minimum[0])
+_gelu_tanh_default = _planes("gelu_tanh", gelu_tanh_image, lambda l, u: _gelu_slopes("gelu_tanh", l, u),
+                             _gelu_unbounded, GELU_TANH.minimum[0])
+_tanh_default = _planes("tanh", tanh_image, lambda l, u: _s_slopes(CURVES["tanh"], l, u))
+_sigmoid_default = _planes("sigmoid", sigmoid_image, lambda l, u: _s_slopes(CURVES["sigmoid"], l, u))
+SLOPE_RANGES = {"gelu": _gelu_slope_range("gelu", GELU_ERF.inflection[0]),
+                "gelu_tanh": _gelu_slope_range("gelu_tanh", GELU_TANH.inflection[0]),
+                "tanh": _s_slope_range("tanh"), "sigmoid": _s_slope_range("sigmoid")}
+gelu_planes = _with_alpha("gelu", _gelu_default, SLOPE_RANGES["gelu"])
+gelu_tanh_planes = _with_alpha("gelu_tanh", _gelu_tanh_default, SLOPE_RANGES["gelu_tanh"])
+tanh_planes = _with_alpha("tanh", _tanh_default, SLOPE_RANGES["tanh"])
+sigmoid_planes = _with_alpha("sigmoid", _sigmoid_default, SLOPE_RANGES["sigmoid"])
 sqrt_planes = _checked_sqrt_planes(_planes("sqrt", sqrt_image, _sqrt_slopes, lo_floor=0.0))
 
 register(Elementwise(name="gelu", description="x Φ(x) = 0.5 x (1 + erf(x/√2)) (GELU, exact form)",
                      fn=F.gelu, image=gelu_image, planes=gelu_planes,
+                     slope_init=_alpha_init(_gelu_default, SLOPE_RANGES["gelu"]),
                      value_range=(GELU_ERF.minimum[0], None)))
 register(Elementwise(name="gelu_tanh", description="0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³))) (GELU, tanh form)",
                      fn=lambda t: F.gelu(t, approximate="tanh"), image=gelu_tanh_image, planes=gelu_tanh_planes,
+                     slope_init=_alpha_init(_gelu_tanh_default, SLOPE_RANGES["gelu_tanh"]),
                      value_range=(GELU_TANH.minimum[0], None)))
 register(Elementwise(name="tanh", description="tanh(x)", fn=torch.tanh, image=tanh_image, planes=tanh_planes,
+                     slope_init=_alpha_init(_tanh_default, SLOPE_RANGES["tanh"]),
                      monotone=True, value_range=(-1.0, 1.0)))
 register(Elementwise(name="sigmoid", description="1 / (1 + e^-x)", fn=torch.sigmoid, image=sigmoid_image,
-                     planes=sigmoid_planes, monotone=True, value_range=(0.0, 1.0)))
+                     planes=sigmoid_planes, slope_init=_alpha_init(_sigmoid_default, SLOPE_RANGES["sigmoid"]),
+                     monotone=True, value_range=(0.0, 1.0)))
 register(Elementwise(name="sqrt", description="√x on x >= 0 (concave)", fn=torch.sqrt, image=sqrt_image,
                      planes=sqrt_planes, monotone=True, domain=(0.0, None), value_range=(0.0, None)))

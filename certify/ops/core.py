@@ -132,7 +132,13 @@ class Elementwise(Operator):
 
     def backward(self, node, A, ins, shapes, const=None, alpha=None):
         l, u = ins[0]
-        lw, lb, uw, ub = self.planes(l.unsqueeze(1), u.unsqueeze(1), alpha)
+        return self.step(A, self.planes(l.unsqueeze(1), u.unsqueeze(1), alpha))
+
+    @staticmethod
+    def step(A, planes):
+        """The backward step through given planes (lw, lb, uw, ub): the lower plane where the
+        coefficient is >= 0, the upper one where it is < 0."""
+        lw, lb, uw, ub = planes
         ap, an = A.clamp(min=0), A.clamp(max=0)
         return [ap * lw + an * uw], sum_rest(ap * lb + an * ub)
 

@@ -1,6 +1,7 @@
-"""``softcert certify``: certified-accuracy tables for zoo models (Markdown + JSON + PNG).
+"""``softcert certify``: certified-accuracy tables (Markdown + JSON + PNG) for zoo models,
+checkpoints and ONNX files.
 
-For each zoo model: ``certify.evaluate`` over the radii and methods on the first n test
+For each model: ``certify.evaluate`` over the radii and methods on the first n test
 images (PGD, every method, and the cross-check: no certified image may be falsified and no
 PGD margin may lie below a certified bound). Writes results.md, results.json and
 certified_accuracy.png.
@@ -13,14 +14,14 @@ from pathlib import Path
 import torch
 
 import certify
-from certify import zoo
 from softcert_cli import common
+from softcert_cli.modelio import load_model
 
 DEFAULT_METHODS = ["ibp", "crown", "alpha-crown", "vertex", "lirpa-ibp", "lirpa-crown"]
 
 
 def configure(parser):
-    parser.add_argument("--model", nargs="+", default=["mnist-vit1"], help="zoo names (certify.zoo.names())")
+    parser.add_argument("--model", nargs="+", default=["mnist-vit1"], help="zoo names (certify.zoo.names()), checkpoints (.pt) or ONNX files (.onnx, any graph of supported operators)")
     parser.add_argument("--eps", nargs="+", type=float, default=[0.005, 0.01, 0.02])
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, metavar="METHOD",
                         help=f"from certify.METHODS: {', '.join(certify.METHODS)}")
@@ -50,9 +51,9 @@ def run(args) -> int:
         bar.update(1)
 
     for name in args.model:
-        model, xte, yte = zoo.load(name)
+        model, xte, yte, _ = load_model(name)
         with torch.no_grad():
-            full_acc = (model(xte).argmax(1) == yte).float().mean().item()
+            full_acc = (certify.logits_of(model(xte)).argmax(1) == yte).float().mean().item()
         # attack -> verify -> cross-check; a PGD-contradicted certificate raises SoundnessError
         ev = certify.evaluate(model, xte[: args.n], yte[: args.n], args.eps, args.methods, progress=advance)
         rows += [_row(name, ev, eps, meth, full_acc) for eps in ev.eps for meth in ev.methods]

@@ -36,6 +36,14 @@ def configure(parser) -> None:
                         help="attention rows: 'auto' (MiniLM if analysis.attention exists, else "
                              "synthetic), 'synthetic', or 'none'")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention", action="store_true",
+                        help="only the FP32 attention study: writes <out>/fp/attention_bounds.md/.json")
+    parser.add_argument("--attention-blocks", default="16,32,64,128,256",
+                        help="tile sizes of the attention study")
+    parser.add_argument("--attention-n", type=int, default=4096,
+                        help="keys of the adversarial inputs in the attention study")
+    parser.add_argument("--attention-sentences", type=int, default=32,
+                        help="MiniLM corpus sentences in the attention study (0: none)")
 
 
 def _reference(xr: np.ndarray, dtype: str, mp_max: int) -> tuple[np.ndarray, str]:
@@ -179,9 +187,129 @@ def attention_rows(mode: str, seed: int):
     return s, "synthetic randn*scale rows, layer l has scale 2^l, random -inf padding"
 
 
+def _attention_cells(q, k, v, blocks):
+    """Per tile size: (max bound, max measured, max measured/bound, median bound/measured)."""
+    q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    s = q64 @ np.swapaxes(k64, -1, -2) / math.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v64  # error ~(n + d) 2^-53 max|v|, far below u
+    cells = {}
+    for b in blocks:
+        res = fp.attention(q, k, v, block=b)
+        err = np.abs(res.out.astype(np.float64) - ref)
+        ratio = err / res.bound
+        pos = err > 0
+        cells[b] = {"max_bound_u": float(res.bound.max() / 2 ** -24),
+                    "max_measured_u": float(err.max() / 2 ** -24),
+                    "max_measured_over_bound": float(ratio.max()),
+                    "median_bound_over_measured": float(np.median(1 / ratio[pos])) if pos.any()
+                    else math.inf}
+    return cells
+
+
+def _merge(acc, cells):
+    for b, c in cells.items():
+        a = acc.setdefault(b, {"max_bound_u": 0.0, "max_measured_u": 0.0,
+                               "max_measured_over_bound": 0.0, "median_bound_over_measured": []})
+        for key in ("max_bound_u", "max_measured_u", "max_measured_over_bound"):
+            a[key] = max(a[key], c[key])
+        a["median_bound_over_measured"].append(c["median_bound_over_measured"])
+
+
+def attention_study(blocks, sentences: int, seed: int, progress=None, n: int = 4096):
+    """The attention bound against float64 references: adversarial inputs (n keys, d = 64)
+    and all-MiniLM-L6-v2 q/k/v of every layer and head of the first ``sentences`` sentences."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for kind in fp.ATTENTION_STRESS:
+        q, k, v = fp.attention_stress_inputs(kind, n, 64, rng)
+        acc = {}
+        _merge(acc, _attention_cells(q, k, v, blocks))
+        rows.append({"source": kind, "n": n, "d": 64, "cells": acc})
+        if progress is not None:
+            progress(1)
+    if sentences > 0:
+        from analysis.attention import load_corpus
+
+        # passages of 8 corpus sentences, truncated to 128 tokens: rows long enough for
+        # the tile size to matter
+        corpus = load_corpus()[:sentences]
+        texts = [" ".join(corpus[i:i + 8]) for i in range(0, len(corpus), 8)]
+        acc, n_max = {}, 0
+        for q, k, v in fp.minilm_qkv(texts, max_length=128):
+            _merge(acc, _attention_cells(q.numpy(), k.numpy(), v.numpy(), blocks))
+            n_max = max(n_max, q.shape[-2])
+        rows.append({"source": f"MiniLM, {len(texts)} passages ({sentences} sentences) x 6 "
+                               "layers x 12 heads", "n": n_max, "d": 32, "cells": acc})
+        if progress is not None:
+            progress(1)
+    for r in rows:
+        for c in r["cells"].values():
+            c["median_bound_over_measured"] = float(np.median(c["median_bound_over_measured"]))
+    apriori = {b: fp.attention_error_bound(n, 64, b).coeff_in_u for b in blocks}
+    return rows, apriori
+
+
+def _write_attention_md(out, res):
+    blocks = res["blocks"]
+    L = ["# FP32 attention: proven bound against measured error, per tile size\n",
+         f"Regenerate: `{res['command']}` ({res['seconds']:.0f} s). Derivation: "
+         "[attention.md](attention.md). Kernel: `kernels/attention.py` through "
+         "`analysis.fp.attention(q, k, v, block=...)`.\n",
+         "Each cell: largest per-element bound (u = 2^-24) / largest measured error (u) "
+         "[largest measured/bound; median over sources of the per-element median "
+         "bound/measured]. Measured = |out - O64|, O64 the float64 attention of the float32 "
+         "inputs (its own error ~(n + d) 2^-53 max|v|). A measured/bound above 1 would be a "
+         f"bug; violations in this run: {res['violations']}.\n",
+         "| source | n | d | " + " | ".join(f"block {b}" for b in blocks) + " |",
+         "|---|---|---|" + "---|" * len(blocks)]
+    for r in res["rows"]:
+        cells = []
+        for b in blocks:
+            c = r["cells"][str(b)] if str(b) in r["cells"] else r["cells"][b]
+            cells.append(f"{c['max_bound_u']:,.1f} / {c['max_measured_u']:,.2f} "
+                         f"[{c['max_measured_over_bound']:.3f}; {c['median_bound_over_measured']:.1f}x]")
+        L.append(f"| {r['source']} | {r['n']} | {r['d']} | " + " | ".join(cells) + " |")
+    L += ["", f"A-priori coefficient (`analysis.fp.attention_error_bound({res['n']}, 64, block)`, "
+          "any score spread, score rounding excluded), in u per unit max|v|: "
+          + ", ".join(f"block {b}: {res['apriori'][str(b)] if str(b) in res['apriori'] else res['apriori'][b]:,.0f}"
+                      for b in blocks) + ".", "",
+          f"Assumptions: {fp.ATTENTION_ASSUMPTIONS}.", ""]
+    common.write_markdown(out / "attention_bounds.md", "\n".join(L))
+
+
+def run_attention(args, out: Path) -> int:
+    blocks = [int(b) for b in args.attention_blocks.split(",")]
+    if any(b < 1 for b in blocks):
+        raise ValueError("--attention-blocks: tile sizes must be >= 1")
+    if args.attention_sentences < 0:
+        raise ValueError("--attention-sentences: must be >= 0")
+    if args.attention_n < 2:
+        raise ValueError("--attention-n: must be >= 2")
+    cmd = common.command_line(args, "fp")
+    clock = common.Stopwatch()
+    total = len(fp.ATTENTION_STRESS) + (1 if args.attention_sentences else 0)
+    with common.progress(total=total, desc="attention study") as bar:
+        rows, apriori = attention_study(blocks, args.attention_sentences, args.seed, bar.update,
+                                        args.attention_n)
+    violations = sum(1 for r in rows for c in r["cells"].values()
+                     if c["max_measured_over_bound"] > 1)
+    res = {"command": cmd, "seconds": clock.seconds, "blocks": blocks, "rows": rows,
+           "n": args.attention_n,
+           "apriori": apriori, "violations": violations,
+           "assumptions": fp.ATTENTION_ASSUMPTIONS}
+    common.write_json(out / "attention_bounds.json", res)
+    _write_attention_md(out, res)
+    print(f"wrote {out}/attention_bounds.md, .json in {clock.seconds:.0f}s; "
+          f"violations: {violations}")
+    return 1 if violations else 0
+
+
 def run(args) -> int:
     out = Path(args.out) / "fp"
     out.mkdir(parents=True, exist_ok=True)
+    if args.attention:
+        return run_attention(args, out)
     ns = [int(float(v)) for v in args.ns.split(",")]
     dtypes = [d.strip() for d in args.dtypes.split(",")]
     for d in dtypes:

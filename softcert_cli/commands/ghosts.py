@@ -112,60 +112,106 @@ def _rho(model, names, v, x, temperature=1.0):
 # ---------------------------------------------------------------- (a) sweep
 
 
-def run_sweep(archs, stages, n_random, fail_ratio, seed=0, progress=True):
+def run_sweep(archs, stages, n_random, fail_ratio, seed=0, progress=True, stale=0):
+    """``stale=k > 0``: the radius of each direction is measured k training steps before the
+    stage (the same random directions; the descent direction of that earlier point) and the
+    sweep steps r * rho_stale along the current direction, as SafeStep(reuse_steps=k) may do
+    for a step it does not measure; stages below k move to k."""
     data = load_digits_split(seed)
     x, y = data[0][:256], data[1][:256]
     gen = torch.Generator().manual_seed(seed)
     rows = []
+    if stale:
+        stages = sorted({max(s, stale) for s in stages})
     bar = _progress(len(archs) * len(stages), "sweep") if progress else None
     for arch in archs:
         model = make_model(arch, seed)
         done = 0
         for stage in stages:
-            _train(model, data, stage - done, seed=seed)
+            stale_rho = None
+            if stale:
+                _train(model, data, stage - stale - done, seed=seed)
+                names, dirs = _directions(model, x, y, n_random, gen)
+                stale_rho = {d: _rho(model, names, v, x) for d, v in dirs.items()}
+                _train(model, data, stale, seed=seed + 1)
+                randoms = {d: v for d, v in dirs.items() if d != "gradient"}
+                names, dirs = _directions(model, x, y, 0, None)
+                dirs.update(randoms)
+            else:
+                _train(model, data, stage - done, seed=seed)
+                names, dirs = _directions(model, x, y, n_random, gen)
             done = stage
-            names, dirs = _directions(model, x, y, n_random, gen)
             theta0 = [p.detach().clone() for p in model.parameters()]
             base = _loss_at(model, names, theta0, x, y)
             for dname, v in dirs.items():
                 rho = _rho(model, names, v, x)
+                step_rho = rho if stale_rho is None else stale_rho[dname]
                 ratios = []
                 for r in R_GRID:
-                    theta = [t + r * rho * d for t, d in zip(theta0, v)]
+                    theta = [t + r * step_rho * d for t, d in zip(theta0, v)]
                     ratios.append(_loss_at(model, names, theta, x, y) / base)
                 onset = next((r for r, q in zip(R_GRID, ratios) if not q <= fail_ratio), None)
-                rows.append({"arch": arch, "stage": stage, "direction": dname, "rho_a": rho,
-                             "loss": base, "ratios": ratios, "onset_r": onset,
-                             "max_ratio_below_1": max(q for r, q in zip(R_GRID, ratios) if r < 1)})
+                row = {"arch": arch, "stage": stage, "direction": dname, "rho_a": step_rho,
+                       "loss": base, "ratios": ratios, "onset_r": onset,
+                       "max_ratio_below_1": max(q for r, q in zip(R_GRID, ratios) if r < 1)}
+                if stale_rho is not None:
+                    row["rho_fresh"] = rho
+                rows.append(row)
             if bar:
                 bar.update()
     if bar:
         bar.close()
-    return {"r_grid": list(R_GRID), "fail_ratio": fail_ratio, "rows": rows}
+    return {"r_grid": list(R_GRID), "fail_ratio": fail_ratio, "stale": stale, "rows": rows}
 
 
 # ---------------------------------------------------------------- (b) spike
 
 
-def run_spike(archs, spikes, seeds, steps, progress=True):
+def _spike_accuracy(arch, spike, method, seed, steps, threads=None):
+    """Final test accuracy of one LR-spike run (a top-level function: it runs in worker
+    processes too; each run seeds its own model and batch order, so the order of runs and the
+    process they run in do not change the result)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
     data = load_digits_split(0)
+    torch.manual_seed(seed)
+    model = _train(make_model(arch, seed), data, steps, seed=seed, spike=spike, method=method)
+    acc = _accuracy(model, data[2], data[3])
+    return acc if math.isfinite(acc) else 0.0
+
+
+def run_spike(archs, spikes, seeds, steps, progress=True, jobs=1):
+    """``jobs`` > 1: the runs are spread over that many worker processes (spawned, one torch
+    thread each); the table is the same."""
+    runs = [(arch, spike, method, seed) for arch in archs for spike in spikes for method in METHODS
+            for seed in seeds]
+    bar = _progress(len(runs), "spike") if progress else None
+    accs = {}
+    if jobs > 1:
+        import concurrent.futures
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # fork after torch's thread pools start is unsafe
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(_spike_accuracy, *r, steps, torch.get_num_threads()): r for r in runs}
+            for f in concurrent.futures.as_completed(futures):
+                accs[futures[f]] = f.result()
+                if bar:
+                    bar.update()
+    else:
+        for r in runs:
+            accs[r] = _spike_accuracy(*r, steps)
+            if bar:
+                bar.update()
+    if bar:
+        bar.close()
     out = []
-    bar = _progress(len(archs) * len(spikes) * len(METHODS) * len(seeds), "spike") if progress else None
     for arch in archs:
         for spike in spikes:
             for method in METHODS:
-                accs = []
-                for seed in seeds:
-                    torch.manual_seed(seed)
-                    model = _train(make_model(arch, seed), data, steps, seed=seed, spike=spike, method=method)
-                    acc = _accuracy(model, data[2], data[3])
-                    accs.append(acc if math.isfinite(acc) else 0.0)
-                    if bar:
-                        bar.update()
-                out.append({"arch": arch, "spike": spike, "method": method, "accuracies": accs,
-                            "median": statistics.median(accs)})
-    if bar:
-        bar.close()
+                a = [accs[(arch, spike, method, seed)] for seed in seeds]
+                out.append({"arch": arch, "spike": spike, "method": method, "accuracies": a,
+                            "median": statistics.median(a)})
     return {"steps": steps, "seeds": list(seeds), "rows": out}
 
 
@@ -211,29 +257,50 @@ def run_temperature(archs, temps, stage, fail_ratio, seed=0, progress=True):
 # ---------------------------------------------------------------- bench
 
 
-def run_bench(archs, steps, progress=True):
+BENCH_VARIANTS = {"bare": None, "safestep": {}, "reuse": {"reuse_steps": 4}}
+
+
+def run_bench(archs, steps, progress=True, previous=None):
+    """Median step time of Adam, SafeStep(Adam) (every step measured) and
+    SafeStep(Adam, reuse_steps=4) (the weaker variant), interleaved in one run (the order
+    rotates every step). Each step is timed in process CPU time (what the step costs; other
+    jobs on a shared machine inflate wall time, not this) and in wall time.
+    ``previous``: arch -> ratio of an earlier run, shown beside the new."""
     data = load_digits_split(0)
     rows = []
     bar = _progress(len(archs), "bench") if progress else None
     for arch in archs:
-        times = {"bare": [], "safestep": []}
-        models = {k: make_model(arch, 0) for k in times}
-        opts = {"bare": torch.optim.Adam(models["bare"].parameters(), 1e-3)}
-        opts["safestep"] = SafeStep(torch.optim.Adam(models["safestep"].parameters(), 1e-3), models["safestep"])
+        times = {k: [] for k in BENCH_VARIANTS}
+        walls = {k: [] for k in BENCH_VARIANTS}
+        models = {k: make_model(arch, 0) for k in BENCH_VARIANTS}
+        opts = {}
+        for k, kw in BENCH_VARIANTS.items():
+            opts[k] = torch.optim.Adam(models[k].parameters(), 1e-3)
+            if kw is not None:
+                opts[k] = SafeStep(opts[k], models[k], **kw)
+        order = list(BENCH_VARIANTS)
         g = torch.Generator().manual_seed(0)
         for i in range(steps + 5):
             idx = torch.randint(0, len(data[1]), (64,), generator=g)
-            for k in ("bare", "safestep") if i % 2 else ("safestep", "bare"):
-                t0 = time.perf_counter()
+            for k in order[i % 3:] + order[:i % 3]:
+                w0, t0 = time.perf_counter(), time.process_time()
                 loss = F.cross_entropy(models[k](data[0][idx]), data[1][idx])
                 opts[k].zero_grad()
                 loss.backward()
                 opts[k].step()
                 if i >= 5:  # warm-up excluded
-                    times[k].append(time.perf_counter() - t0)
+                    times[k].append(time.process_time() - t0)
+                    walls[k].append(time.perf_counter() - w0)
         med = {k: statistics.median(v) for k, v in times.items()}
+        wall = {k: statistics.median(v) for k, v in walls.items()}
         rows.append({"arch": arch, "bare_ms": 1e3 * med["bare"], "safestep_ms": 1e3 * med["safestep"],
-                     "ratio": med["safestep"] / med["bare"]})
+                     "ratio": med["safestep"] / med["bare"], "reuse_ms": 1e3 * med["reuse"],
+                     "reuse_ratio": med["reuse"] / med["bare"],
+                     "wall_ratio": wall["safestep"] / wall["bare"], "wall_reuse_ratio": wall["reuse"] / wall["bare"],
+                     "previous_ratio": (previous or {}).get(arch)})
+        for o in opts.values():
+            if isinstance(o, SafeStep):
+                o.remove_hook()
         if bar:
             bar.update()
     if bar:
@@ -245,14 +312,28 @@ def run_bench(archs, steps, progress=True):
 
 
 def _md_sweep(res):
+    k = res.get("stale", 0)
     lines = [f"Failure = loss ratio L(theta + r rho_a v)/L(theta) > {res['fail_ratio']} on a fixed batch "
-             "of 256 training images.", "",
-             "| model | stage | direction | rho_a | max ratio, r < 1 | failure onset r |",
-             "|---|---|---|---|---|---|"]
+             "of 256 training images."]
+    if k:
+        lines += ["", f"Stale radius: rho_a of each direction measured {k} Adam steps before the stage (the "
+                  "descent direction of that point; the same random directions), then the sweep steps "
+                  f"r rho_stale along the current direction: what SafeStep(reuse_steps={k}) assumes for "
+                  "the steps it does not measure (it skips the JVP only when r <= reuse_margin = 0.5)."]
+    lines += ["", "| model | stage | direction | rho_a | max ratio, r < 1 | failure onset r |"
+              + (" rho_fresh / rho_stale |" if k else ""),
+              "|---|---|---|---|---|---|" + ("---|" if k else "")]
     for r in res["rows"]:
         onset = "none <= 32" if r["onset_r"] is None else f"{r['onset_r']:g}"
+        extra = f" {r['rho_fresh'] / r['rho_a']:.3g} |" if k else ""
         lines.append(f"| {r['arch']} | {r['stage']} | {r['direction']} | {r['rho_a']:.3g} | "
-                     f"{r['max_ratio_below_1']:.3f} | {onset} |")
+                     f"{r['max_ratio_below_1']:.3f} | {onset} |" + extra)
+    if k:
+        q = [r["rho_fresh"] / r["rho_a"] for r in res["rows"]]
+        half = [r for r in res["rows"] if r["onset_r"] is not None and r["onset_r"] <= 0.5]
+        lines += ["", f"Runs failing at r <= 0.5 (a step reuse_steps would skip): {len(half)} of "
+                  f"{len(res['rows'])}. rho_fresh / rho_stale: min {min(q):.3g}, median "
+                  f"{statistics.median(q):.3g}; below 0.5 in {sum(v < 0.5 for v in q)} of {len(q)} runs."]
     fails = [r for r in res["rows"] if r["onset_r"] is not None and r["onset_r"] < 1]
     onsets = [r["onset_r"] for r in res["rows"] if r["onset_r"] is not None]
     lines += ["", f"Runs failing at r < 1: {len(fails)} of {len(res['rows'])}. "
@@ -291,11 +372,19 @@ def _md_temperature(res):
 
 
 def _md_bench(res):
-    lines = [f"Median step time (forward + backward + step), batch {res['batch']}, "
-             f"{res['steps']} interleaved steps, {res['threads']} thread(s).", "",
-             "| model | Adam (ms) | SafeStep(Adam) (ms) | ratio |", "|---|---|---|---|"]
+    lines = [f"Median step time (forward + backward + step) in process CPU time, batch {res['batch']}, "
+             f"{res['steps']} interleaved steps, {res['threads']} thread(s); ratios over Adam measured in this "
+             "run (wall-time ratios in brackets). \"before\": the ratio of the report this one replaced "
+             "(its own run, wall time).", "",
+             "| model | Adam (ms) | SafeStep(Adam) (ms) | ratio | ratio before | reuse_steps=4 (ms) | ratio |",
+             "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['arch']} | {r['bare_ms']:.2f} | {r['safestep_ms']:.2f} | {r['ratio']:.2f} |")
+        before = "" if r.get("previous_ratio") is None else f"{r['previous_ratio']:.2f}"
+        wall = f" ({r['wall_ratio']:.2f})" if "wall_ratio" in r else ""
+        reuse = (f"{r['reuse_ms']:.2f} | {r['reuse_ratio']:.2f} ({r['wall_reuse_ratio']:.2f})"
+                 if "reuse_ms" in r else " | ")
+        lines.append(f"| {r['arch']} | {r['bare_ms']:.2f} | {r['safestep_ms']:.2f} | {r['ratio']:.2f}{wall} | "
+                     f"{before} | {reuse} |")
     return lines
 
 
@@ -342,9 +431,13 @@ def _plot(name, res, path):
         axes[1].axhline(1.0, color="k", ls="--", lw=1)
         axes[0].legend(fontsize=7)
     else:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.bar([r["arch"] for r in res["rows"]], [r["ratio"] for r in res["rows"]])
-        ax.axhline(1.6, color="r", ls="--", lw=1, label="target 1.6")
+        fig, ax = plt.subplots(figsize=(8, 4))
+        pos = np.arange(len(res["rows"]))
+        series = [("ratio before", "previous_ratio"), ("SafeStep", "ratio"), ("reuse_steps=4", "reuse_ratio")]
+        for k, (label, key) in enumerate(series):
+            ax.bar(pos + 0.27 * (k - 1), [r.get(key) or 0.0 for r in res["rows"]], 0.27, label=label)
+        ax.set_xticks(pos, [r["arch"] for r in res["rows"]])
+        ax.axhline(1.3, color="r", ls="--", lw=1, label="target 1.3")
         ax.set_ylabel("SafeStep / Adam step time")
         ax.legend()
     common.save_figure(fig, path, dpi=110)
@@ -376,20 +469,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", default="0,50,200", help="training stages for the sweep")
     parser.add_argument("--random-dirs", type=int, default=2, help="random directions per stage")
     parser.add_argument("--fail-ratio", type=float, default=2.0, help="loss ratio counted as failure")
+    parser.add_argument("--stale", type=int, default=0,
+                        help="sweep: measure each radius this many training steps before the stage (0: fresh)")
     parser.add_argument("--bench-steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes for the spike test (same table; 2 on a 2-core machine)")
     parser.add_argument("--no-progress", action="store_true")
 
 
 def _command(args) -> str:
     """The explicit command line that regenerates a report (every option spelled out)."""
-    opts = {"sweep": ["archs", "stages", "random_dirs", "fail_ratio"],
-            "spike": ["archs", "seeds", "steps", "spikes"],
+    opts = {"sweep": ["archs", "stages", "random_dirs", "fail_ratio"] + (["stale"] if args.stale else []),
+            "spike": ["archs", "seeds", "steps", "spikes"] + (["jobs"] if args.jobs > 1 else []),
             "temperature": ["archs", "fail_ratio"], "bench": ["archs", "bench_steps"]}
     keys = ["archs", "stages", "random_dirs", "fail_ratio", "seeds", "steps", "spikes", "bench_steps"] \
+        + (["stale"] if args.stale else []) + (["jobs"] if args.jobs > 1 else []) \
         if args.experiment == "all" else opts[args.experiment]
     return common.spelled_out(f"ghosts {args.experiment}", [("--out", args.out)] + [
         ("--" + k.replace("_", "-"), str(getattr(args, k))) for k in keys + ["threads"]])
+
+
+def _previous_ratios(path: Path):
+    """arch -> SafeStep/Adam ratio of the bench report about to be replaced (None if absent)."""
+    import json
+
+    if not path.exists():
+        return None
+    return {r["arch"]: r["ratio"] for r in json.loads(path.read_text()).get("rows", [])}
 
 
 def run(args) -> int:
@@ -400,6 +507,10 @@ def run(args) -> int:
             raise ValueError(f"--archs: unknown architecture {a!r} (choose from {sorted(ARCHITECTURES)})")
     if args.fail_ratio <= 1:
         raise ValueError(f"--fail-ratio must be > 1, got {args.fail_ratio}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.stale < 0:
+        raise ValueError(f"--stale must be >= 0, got {args.stale}")
     if args.seeds < 1 or args.steps < 1:
         raise ValueError("--seeds and --steps must be >= 1")
     out = Path(args.out)
@@ -410,14 +521,14 @@ def run(args) -> int:
         clock = common.Stopwatch()
         if name == "sweep":
             stages = sorted(int(s) for s in args.stages.split(","))
-            res = run_sweep(archs, stages, args.random_dirs, args.fail_ratio, progress=progress)
+            res = run_sweep(archs, stages, args.random_dirs, args.fail_ratio, progress=progress, stale=args.stale)
         elif name == "spike":
             spikes = [float(s) for s in args.spikes.split(",")]
-            res = run_spike(archs, spikes, list(range(args.seeds)), args.steps, progress=progress)
+            res = run_spike(archs, spikes, list(range(args.seeds)), args.steps, progress=progress, jobs=args.jobs)
         elif name == "temperature":
             res = run_temperature(archs, TEMPERATURES, 200, args.fail_ratio, progress=progress)
         else:
-            res = run_bench(archs, args.bench_steps, progress=progress)
+            res = run_bench(archs, args.bench_steps, progress=progress, previous=_previous_ratios(out / "bench.json"))
         write_report(name, res, out, command, clock.seconds)
         print(f"{name}: wrote {out / name}.{{json,md,png}} in {clock.seconds:.0f} s")
     return 0

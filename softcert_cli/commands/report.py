@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 import certify
-from softcert_cli.records import seal
+from softcert_cli.records import CONFIDENCE, clopper_pearson, seal
 
 SEED = 0
 
@@ -125,9 +125,14 @@ def stage_certify(model, x, y, st: Settings, records: list):
             verified = [r for r in rs if r.correct]
             margins = [r.lower_margin for r in verified if math.isfinite(r.lower_margin)]
             k_cert, _ = ev.certified_accuracy(eps, meth)
-            # int / int: correctly rounded, as `softcert check` re-derives it from the verdicts
-            rows.append(dict(eps=eps, method=meth, n=n, clean_acc=sum(r.correct for r in rs) / n,
+            k_clean = sum(bool(r.correct) for r in rs)
+            # int / int: correctly rounded, as `softcert check` re-derives it from the verdicts;
+            # k/n with an exact 95 % interval, because 5/6 and 83/100 read the same as 0.83
+            rows.append(dict(eps=eps, method=meth, n=n, clean_acc=k_clean / n,
                              pgd_acc=k_rob / n, certified_acc=k_cert / n,
+                             clean_k=k_clean, pgd_k=int(k_rob), certified_k=int(k_cert),
+                             clean_ci=clopper_pearson(k_clean, n), pgd_ci=clopper_pearson(int(k_rob), n),
+                             certified_ci=clopper_pearson(int(k_cert), n), confidence=CONFIDENCE,
                              mean_lower_margin=math.fsum(margins) / len(margins) if margins else None,
                              seconds_per_image=math.fsum(r.seconds for r in verified) / max(1, len(verified)),
                              note=verified[0].note if verified else "no correctly classified image"))

@@ -1,0 +1,602 @@
+"""The ONNX front end: an ONNX model -> the verifier's graph (``certify.graph.Graph``).
+
+``read_onnx(path_or_model)`` loads the model with ``onnx`` itself (``onnx.load``; ``.onnx.gz``
+is decompressed first), runs ``onnx.shape_inference`` and walks the nodes in their
+(topological) order. Initializers, ``Constant``, ``ConstantOfShape`` and everything computed
+from constants only (e.g. ``Shape`` -> ``Gather`` -> ``Concat`` -> ``Reshape`` chains) are
+constants: such a node is evaluated on the spot by onnx's reference evaluator
+(``onnx.reference``, the ONNX semantics of every operator and dtype). A node with a perturbed
+input is lowered by ``certify.lowering.Builder`` through the table ``RULES``, one entry per
+operator of ``ONNX_OPERATORS``; any other operator raises ValueError naming its op type and
+node name. Erf is read only inside the exporters' GELU pattern x · 0.5 · (1 + erf(x / √2)),
+which becomes one ``gelu`` node (like ONNX's own Gelu).
+Batch: the model is read at batch 1 (a symbolic first axis counts as 1). The first graph
+input that is not an initializer is the perturbed input; the first graph output is the output.
+"""
+from __future__ import annotations
+
+import gzip
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper, reference, shape_inference
+
+from certify import ops
+from certify.graph import Graph
+from certify.lowering import F64, Builder, const
+
+
+@dataclass(frozen=True)
+class OnnxNetwork:
+    """An ONNX model lowered to the verifier's graph. ``input_shape``/``output_shape``: the
+    model's own shapes at batch 1 (the graph's node 0 has ``input_shape``); VNN-LIB's X_i / Y_j
+    are their row-major flattenings. ``model``: the (shape-inferred) ONNX model itself."""
+
+    graph: Graph = field(repr=False)
+    input_name: str
+    input_shape: tuple
+    output_name: str
+    output_shape: tuple
+    opset: int
+    model: onnx.ModelProto = field(repr=False, compare=False, default=None)
+
+    @property
+    def n_inputs(self) -> int:
+        return math.prod(self.input_shape)
+
+    @property
+    def n_outputs(self) -> int:
+        return math.prod(self.output_shape)
+
+
+def forward(network: OnnxNetwork, x) -> torch.Tensor:
+    """The graph evaluated in float64 (no bounds): x of shape (B, *input_shape) or
+    (B, n_inputs) -> (B, *output_shape). Differentiable (used by the attack)."""
+    x = torch.as_tensor(x, dtype=F64)
+    if x.dim() == 1:
+        x = x.unsqueeze(0)
+    x = x.reshape(x.shape[0], *network.input_shape)
+    vals = [x]
+    for node in network.graph.nodes[1:]:
+        vals.append(ops.forward(node, [vals[j] for j in node.inputs]))
+    return vals[-1]
+
+
+# ---------------------------------------------------------------- loading
+def _load(path_or_model) -> onnx.ModelProto:
+    if isinstance(path_or_model, onnx.ModelProto):
+        return path_or_model
+    path = os.fspath(path_or_model)
+    if not os.path.exists(path):
+        raise ValueError(f"path_or_model: no such file {path!r}")
+    try:
+        if path.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                return onnx.load_from_string(f.read())
+        return onnx.load(path)
+    except Exception as exc:  # protobuf decode errors have many types
+        raise ValueError(f"path_or_model: {path!r} is not a readable ONNX model ({exc})") from exc
+
+
+def _opset(model) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    raise ValueError("model: no default-domain (ai.onnx) opset import")
+
+
+def _dims(type_proto, what, batch_axis=True) -> tuple:
+    t = type_proto.tensor_type
+    if not t.HasField("shape"):
+        raise ValueError(f"{what}: the ONNX model declares no shape")
+    out = []
+    for i, d in enumerate(t.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            out.append(int(d.dim_value))
+        elif i == 0 and batch_axis:
+            out.append(1)  # a symbolic (or 0) batch axis: read at batch 1
+        else:
+            raise ValueError(f"{what}: symbolic dimension {d.dim_param or d.dim_value!r} at axis {i} "
+                             f"(only the batch axis may be symbolic)")
+    return tuple(out)
+
+
+def read_onnx(path_or_model) -> OnnxNetwork:
+    """Load an ONNX model (path, ``.onnx.gz`` path or ``onnx.ModelProto``) and lower it.
+
+    Raises ValueError naming the ONNX op type and node of the first unsupported operation."""
+    model = _load(path_or_model)
+    try:
+        model = shape_inference.infer_shapes(model)
+    except Exception as exc:  # onnx raises InferenceError and others
+        raise ValueError(f"path_or_model: ONNX shape inference failed ({exc})") from exc
+    opset = _opset(model)
+    g = model.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    inputs = [i for i in g.input if i.name not in inits]
+    if len(inputs) != 1:
+        raise ValueError(f"model: expected one (non-initializer) input, got {[i.name for i in inputs]}")
+    if not g.output:
+        raise ValueError("model: the ONNX graph has no output")
+    inp = inputs[0]
+    in_shape = _dims(inp.type, f"input {inp.name!r}")
+    lw = _Lowering(opset)
+    env: dict = dict(inits)
+    env[inp.name] = lw.b.input(in_shape, inp.name)
+    for k, node in enumerate(g.node):
+        lw.lower(node, k, env)
+    out_name = g.output[0].name
+    out = env[out_name]
+    if isinstance(out, _Erf):
+        raise ValueError(f"unsupported ONNX operator Erf (only inside the GELU pattern "
+                         f"x · 0.5 · (1 + erf(x / √2))) before output {out_name!r}")
+    if not isinstance(out, int):
+        raise ValueError(f"model: output {out_name!r} does not depend on the input {inp.name!r}")
+    graph = lw.b.finish(out)
+    out_shape = graph.nodes[graph.output].shape
+    declared = g.output[0].type
+    if declared.tensor_type.HasField("shape") and len(declared.tensor_type.shape.dim):
+        want = _dims(declared, f"output {out_name!r}")
+        if want != out_shape:
+            raise ValueError(f"model: output {out_name!r} lowered to shape {out_shape}, the model declares {want}")
+    return OnnxNetwork(graph, inp.name, in_shape, out_name, out_shape, opset, model)
+
+
+# ---------------------------------------------------------------- lowering
+def _t(a):
+    """A numpy constant as a builder constant (float64 when floating)."""
+    return const(torch.from_numpy(np.array(a, copy=True)))
+
+
+def _ints(a) -> list:
+    return [int(v) for v in np.asarray(a).reshape(-1)]
+
+
+class _Lowering:
+    def __init__(self, opset):
+        self.opset = opset
+        self.b = Builder()
+
+    def lower(self, node, k, env):
+        name = node.name or f"{node.op_type}#{k}"
+        where = f"ONNX operator {node.op_type} at node {name!r}"
+        missing = [n for n in node.input if n and n not in env]
+        if missing:
+            raise ValueError(f"{where}: unknown input(s) {missing}")
+        ins = [env[n] if n else None for n in node.input]
+        if node.domain not in ("", "ai.onnx"):
+            raise ValueError(f"unsupported {where} (domain {node.domain!r})")
+        if any(isinstance(v, _Erf) for v in ins):
+            outs = _gelu_step(self, node, name, ins, where)
+        elif not any(isinstance(v, int) for v in ins):
+            outs = self._fold(node, ins, where)
+        else:
+            rule = RULES.get(node.op_type)
+            if rule is None:
+                raise ValueError(f"unsupported {where}; supported: certify.onnx_graph.ONNX_OPERATORS")
+            attrs = {a.name: _attr(a) for a in node.attribute}
+            try:
+                outs = rule(self, name, attrs, *ins)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from exc
+        if not isinstance(outs, tuple):
+            outs = (outs,)
+        for n, v in zip(node.output, outs):
+            if n:
+                env[n] = _as_np(v)
+
+    def _fold(self, node, ins, where):
+        try:
+            ev = reference.ReferenceEvaluator(node, opsets={"": self.opset})
+            feeds = {n: v for n, v in zip(node.input, ins) if n}
+            return tuple(ev.run(None, feeds))
+        except Exception as exc:  # the evaluator raises many types
+            raise ValueError(f"{where}: constant folding failed ({exc})") from exc
+
+    # shapes and helpers used by the rules
+    def shape(self, v):
+        return tuple(np.shape(v)) if isinstance(v, np.ndarray) else self.b.shape(v)
+
+
+def _attr(a):
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    return v
+
+
+def _as_np(v):
+    """Builder values back into the environment: node ids stay ints, constants become numpy."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().numpy()
+    if isinstance(v, (np.ndarray, int, _Erf)) or v is None:
+        return v
+    return np.asarray(v)
+
+
+def _v(v):
+    """An environment value as a builder operand."""
+    return v if isinstance(v, int) else _t(v)
+
+
+def _need_const(v, what):
+    if isinstance(v, int):
+        raise ValueError(f"{what} must be a constant (it depends on the input)")
+    return v
+
+
+def _axis(a, rank):
+    a = int(a)
+    if not -rank <= a < rank:
+        raise ValueError(f"axis {a} out of range for rank {rank}")
+    return a % rank
+
+
+# ---------------------------------------------------------------- rules
+def _gemm(lw, name, at, A, B, C=None):
+    b = lw.b
+    alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    a = _v(A)
+    if at.get("transA", 0):
+        a = b.transpose(a, 0, 1, name)
+    bb = _v(B)
+    if at.get("transB", 0):
+        bb = b.transpose(bb, 0, 1, name) if isinstance(bb, int) else bb.T
+    if isinstance(a, int) and not isinstance(bb, int):
+        W = (bb * alpha).T  # (N, K): y = a Wᵀ
+        out = (b.shape(a)[0], W.shape[0])
+        bias = None
+        if C is not None:
+            cb = torch.broadcast_to(_t(C).to(F64) * beta, out)
+            if bool((cb == cb[:1]).all()):
+                bias, C = cb[0].clone(), None
+        y = b.linear(a, W, bias, name)
+    else:
+        y = b.matmul(a, bb, name)
+        if alpha != 1:
+            y = b.mul(y, const(alpha), name)
+    if C is not None:
+        y = b.add(y, b.mul(_v(C), const(beta), name) if beta != 1 else _v(C), name)
+    return y
+
+
+def _f(v):
+    """An arithmetic operand: node ids as they are, constants in float64."""
+    return v if isinstance(v, int) else _t(v).to(F64)
+
+
+def _binary(method):
+    def rule(lw, name, at, x, y):
+        return getattr(lw.b, method)(_f(x), _f(y), name)
+    return rule
+
+
+def _unary(op):
+    def rule(lw, name, at, x):
+        return lw.b.unary(op, x, name)
+    return rule
+
+
+def _sqrt_of(b, x, name):
+    return b.unary("sqrt", x, name)
+
+
+def _pow(lw, name, at, x, e):
+    e = np.asarray(_need_const(e, "the exponent"))
+    if e.size != 1:
+        raise ValueError("only a scalar exponent is supported")
+    e = float(e.reshape(-1)[0])
+    b = lw.b
+    if e == 1:
+        return x
+    if e == 2:
+        return b.unary("square", x, name)
+    if e == 0.5:
+        return _sqrt_of(b, x, name)
+    if e == -1:
+        return b.unary("reciprocal", x, name)
+    if e == -0.5:
+        return b.unary("rsqrt", x, name)
+    raise ValueError(f"exponent {e!r} is not supported (1, 2, 0.5, -1, -0.5)")
+
+
+def _identity(lw, name, at, x, *rest):
+    return x
+
+
+def _dropout(lw, name, at, x, ratio=None, training=None):
+    if training is not None and bool(np.asarray(_need_const(training, "training_mode")).reshape(-1)[0]):
+        raise ValueError("dropout in training mode")
+    return x, None
+
+
+def _cast(lw, name, at, x):
+    to = int(at["to"])
+    if to not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                  onnx.TensorProto.BFLOAT16):
+        raise ValueError(f"cast of the perturbed input to {onnx.TensorProto.DataType.Name(to)}")
+    return x  # the verifier computes in float64 throughout
+
+
+def _softmax(lw, name, at, x):
+    shape = lw.shape(x)
+    r = len(shape)
+    if lw.opset >= 13:
+        return lw.b.softmax(x, _axis(at.get("axis", -1), r), name)
+    # opset < 13: softmax of the input flattened to 2-D at `axis` (default 1)
+    a = _axis(at.get("axis", 1), r)
+    flat = lw.b.reshape(x, (math.prod(shape[:a]), math.prod(shape[a:])), name)
+    return lw.b.reshape(lw.b.softmax(flat, -1, name), shape, name)
+
+
+def _reshape_target(shape, target, allowzero=False):
+    out = list(target)
+    for i, t in enumerate(out):
+        if t == 0 and not allowzero:
+            out[i] = shape[i]
+    if out.count(-1) > 1:
+        raise ValueError(f"reshape target {tuple(target)} has more than one -1")
+    if -1 in out:
+        rest = math.prod(t for t in out if t != -1)
+        out[out.index(-1)] = math.prod(shape) // rest if rest else 0
+    if math.prod(out) != math.prod(shape):
+        raise ValueError(f"cannot reshape {shape} to {tuple(target)}")
+    return tuple(out)
+
+
+def _reshape(lw, name, at, x, target=None):
+    target = at["shape"] if target is None else _ints(_need_const(target, "the target shape"))
+    shape = _reshape_target(lw.shape(x), target, bool(at.get("allowzero", 0)))
+    return lw.b.reshape(x, shape, name)
+
+
+def _flatten(lw, name, at, x):
+    shape = lw.shape(x)
+    a = int(at.get("axis", 1))
+    a = a % len(shape) if a != len(shape) else a
+    return lw.b.reshape(x, (math.prod(shape[:a]), math.prod(shape[a:])), name)
+
+
+def _transpose(lw, name, at, x):
+    r = len(lw.shape(x))
+    perm = at.get("perm", list(range(r))[::-1])
+    return lw.b.permute(x, tuple(int(p) for p in perm), name)
+
+
+def _axes(lw, at, axes_input, what="axes"):
+    if axes_input is not None:
+        return _ints(_need_const(axes_input, what))
+    return None if "axes" not in at else [int(a) for a in at["axes"]]
+
+
+def _squeeze(lw, name, at, x, axes=None):
+    shape = lw.shape(x)
+    ax = _axes(lw, at, axes)
+    ax = [i for i, s in enumerate(shape) if s == 1] if ax is None else [_axis(a, len(shape)) for a in ax]
+    for a in ax:
+        if shape[a] != 1:
+            raise ValueError(f"cannot squeeze axis {a} of size {shape[a]}")
+    return lw.b.reshape(x, tuple(s for i, s in enumerate(shape) if i not in ax), name)
+
+
+def _unsqueeze(lw, name, at, x, axes=None):
+    shape = lw.shape(x)
+    ax = _axes(lw, at, axes)
+    if ax is None:
+        raise ValueError("Unsqueeze without axes")
+    r = len(shape) + len(ax)
+    ax = sorted(_axis(a, r) for a in ax)
+    out = list(shape)
+    for a in ax:
+        out.insert(a, 1)
+    return lw.b.reshape(x, tuple(out), name)
+
+
+def _slice_index(dim, start, end, step):
+    """The element positions ONNX's Slice selects on an axis of size ``dim``."""
+    if step == 0:
+        raise ValueError("Slice step 0")
+    if start < 0:
+        start += dim
+    if end < 0:
+        end += dim
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+    else:
+        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return list(range(start, end, step))
+
+
+def _slice(lw, name, at, x, starts=None, ends=None, axes=None, steps=None):
+    shape = lw.shape(x)
+    if starts is None:  # opset < 10: attributes
+        starts, ends = list(at["starts"]), list(at["ends"])
+        axes = list(at.get("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = _ints(_need_const(starts, "starts")), _ints(_need_const(ends, "ends"))
+        axes = list(range(len(starts))) if axes is None else _ints(_need_const(axes, "axes"))
+        steps = [1] * len(starts) if steps is None else _ints(_need_const(steps, "steps"))
+    picks = {}
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = _axis(a, len(shape))
+        picks[a] = _slice_index(shape[a], int(s), int(e), int(st))
+
+    def fn(t):
+        for a, idx in picks.items():
+            t = t.index_select(a, torch.tensor(idx, dtype=torch.int64))
+        return t
+    return lw.b.rearrange(x, fn, name)
+
+
+def _gather(lw, name, at, x, idx):
+    idx = np.asarray(_need_const(idx, "the indices")).astype(np.int64)
+    shape = lw.shape(x)
+    a = _axis(at.get("axis", 0), len(shape))
+    if idx.size and (idx.min() < -shape[a] or idx.max() >= shape[a]):
+        raise ValueError(f"index out of range for axis {a} of size {shape[a]}")
+    flat = torch.from_numpy(np.where(idx < 0, idx + shape[a], idx).reshape(-1))
+    out = shape[:a] + idx.shape + shape[a + 1:]
+    return lw.b.rearrange(x, lambda t: t.index_select(a, flat).reshape(out), name)
+
+
+def _concat(lw, name, at, *xs):
+    xs = [x for x in xs if x is not None and (isinstance(x, int) or np.size(x) or np.ndim(x) != 1)]
+    r = len(lw.shape(next(x for x in xs if isinstance(x, int))))
+    return lw.b.cat([_v(x) for x in xs], _axis(at["axis"], r), name)
+
+
+def _reduce(mean):
+    def rule(lw, name, at, x, axes=None):
+        shape = lw.shape(x)
+        ax = _axes(lw, at, axes)
+        if not ax:
+            if at.get("noop_with_empty_axes", 0):
+                return x
+            ax = list(range(len(shape)))
+        ax = [_axis(a, len(shape)) for a in ax]
+        return lw.b.reduce(x, ax, keepdim=bool(at.get("keepdims", 1)), mean=mean, name=name)
+    return rule
+
+
+def _batch_norm(lw, name, at, x, scale, bias, mean, var, *rest):
+    if at.get("training_mode", 0):
+        raise ValueError("batch norm in training mode")
+    for v, what in ((scale, "scale"), (bias, "B"), (mean, "input_mean"), (var, "input_var")):
+        _need_const(v, what)
+    if len(lw.shape(x)) < 2:
+        raise ValueError(f"input of rank {len(lw.shape(x))} (expected (N, C, ...))")
+    y = lw.b.batch_norm(x, _t(scale), _t(bias), _t(mean), _t(var), float(at.get("epsilon", 1e-5)), name)
+    return (y,) + (None,) * 4
+
+
+def _layer_norm(lw, name, at, x, scale, bias=None):
+    shape = lw.shape(x)
+    a = _axis(at.get("axis", -1), len(shape))
+    if a != len(shape) - 1:
+        raise ValueError(f"normalisation from axis {a} (only the last axis is supported)")
+    y = lw.b.layer_norm(x, (shape[-1],), _t(_need_const(scale, "Scale")),
+                        None if bias is None else _t(_need_const(bias, "B")), float(at.get("epsilon", 1e-5)),
+                        name)
+    return y, None, None
+
+
+def _conv(lw, name, at, x, w, bias=None):
+    b = lw.b
+    w = _t(_need_const(w, "the weight"))
+    if bias is not None:
+        bias = _t(_need_const(bias, "the bias"))
+    shape = lw.shape(x)
+    if len(shape) != 4 or w.dim() != 4:
+        raise ValueError(f"only 2-D convolution is supported (input rank {len(shape)})")
+    if at.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise ValueError(f"auto_pad={at['auto_pad']!r} (give explicit pads)")
+    stride = tuple(at.get("strides", (1, 1)))
+    dil = tuple(at.get("dilations", (1, 1)))
+    pads = tuple(at.get("pads", (0, 0, 0, 0)))
+    groups = int(at.get("group", 1))
+    if w.shape[1] * groups != shape[1]:
+        raise ValueError(f"weight {tuple(w.shape)} does not fit {shape[1]} input channels in {groups} groups")
+    # ONNX writes pads as (top, left, bottom, right); conv2d takes (top, bottom, left, right)
+    params = ops.conv2d_params(w, bias, stride, (pads[0], pads[2], pads[1], pads[3]), dil, groups, in_shape=shape)
+    return b.node("conv2d", [x], params["out_shape"], name, **params)
+
+
+def _shape(lw, name, at, x):
+    s = np.array(lw.shape(x), dtype=np.int64)
+    r = len(s)
+    start, end = int(at.get("start", 0)), int(at.get("end", r))
+    start = min(max(start + r if start < 0 else start, 0), r)
+    end = min(max(end + r if end < 0 else end, 0), r)
+    return s[start:end]
+
+
+def _expand(lw, name, at, x, shape):
+    target = tuple(torch.broadcast_shapes(lw.shape(x), tuple(_ints(_need_const(shape, "the shape")))))
+    if len(target) > len(lw.shape(x)):
+        x = lw.b.reshape(x, (1,) * (len(target) - len(lw.shape(x))) + lw.shape(x), name)
+    return lw.b.expand(x, target, name)
+
+
+# ---------------------------------------------------------------- GELU, erf form
+class _Erf:
+    """A partial match of GELU's erf form on the perturbed node ``x``: ``stage`` "erf" is
+    erf(x/√2), "1+erf" is 1 + erf(x/√2), "x(1+erf)" is x · (1 + erf(x/√2)), "half" is 0.5 x
+    waiting for the factor 1 + erf. Erf has no relaxation of its own: a match that does not
+    complete to 0.5 x (1 + erf(x/√2)) is refused."""
+
+    def __init__(self, stage, x):
+        self.stage, self.x = stage, x
+
+
+def _scalar(v, value):
+    return isinstance(v, np.ndarray) and v.size == 1 and abs(float(v.reshape(-1)[0]) - value) <= 1e-6 * abs(value)
+
+
+def _erf(lw, name, at, x):
+    # the exporter writes erf(x / √2); the builder made x / √2 a mul_const by fl(1/√2)
+    node = lw.b.graph.nodes[x]
+    v = node.params.get("value") if node.op == "mul_const" else None
+    if v is not None and v.numel() == 1 and abs(float(v) - 0.5 ** 0.5) <= 1e-6:
+        return _Erf("erf", node.inputs[0])
+    raise ValueError("Erf outside the GELU pattern x · 0.5 · (1 + erf(x / √2))")
+
+
+def _is_half_of(lw, v, x):
+    if not isinstance(v, int):
+        return False
+    node = lw.b.graph.nodes[v]
+    val = node.params.get("value") if node.op == "mul_const" else None
+    return node.inputs == (x,) and val is not None and val.numel() == 1 and float(val) == 0.5
+
+
+def _gelu_step(lw, node, name, ins, where):
+    """Advance a GELU match (see ``_Erf``) by one Add or Mul; emits the gelu node at the end."""
+    op = node.op_type
+    pending = next(v for v in ins if isinstance(v, _Erf))
+    other = [v for v in ins if v is not pending]
+    if len(ins) == 2 and len(other) == 1:
+        o, x, st = other[0], pending.x, pending.stage
+        if op == "Add" and st == "erf" and _scalar(o, 1.0):
+            return _Erf("1+erf", x)
+        if op == "Mul" and st == "1+erf" and o == x:
+            return _Erf("x(1+erf)", x)
+        if op == "Mul" and st == "x(1+erf)" and _scalar(o, 0.5):
+            return _gelu(lw, x, name)
+        if op == "Mul" and st == "1+erf" and _is_half_of(lw, o, x):
+            return _gelu(lw, x, name)
+    raise ValueError(f"unsupported {where}: Erf is read only inside the GELU pattern x · 0.5 · (1 + erf(x / √2))")
+
+
+def _gelu(lw, x, name, approximate="none"):
+    return lw.b.unary("gelu" if approximate == "none" else "gelu_tanh", x, name)
+
+
+def _gelu_rule(lw, name, at, x):
+    return _gelu(lw, x, name, at.get("approximate", "none"))
+
+
+def _neg(lw, name, at, x):
+    return lw.b.neg(x, name)
+
+
+RULES = {
+    "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _binary("div"),
+    "BatchNormalization": _batch_norm, "Cast": _cast, "Concat": _concat, "Conv": _conv,
+    "Dropout": _dropout, "Erf": _erf, "Exp": _unary("exp"), "Gelu": _gelu_rule, "Expand": _expand, "Flatten": _flatten, "Gather": _gather,
+    "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _binary("matmul"),
+    "Neg": _neg, "Pow": _pow, "Reciprocal": _unary("reciprocal"), "ReduceMean": _reduce(True),
+    "ReduceSum": _reduce(False), "Relu": _unary("relu"), "Reshape": _reshape, "Shape": _shape,
+    "Sigmoid": _unary("sigmoid"), "Slice": _slice, "Softmax": _softmax, "Sqrt": _unary("sqrt"), "Squeeze": _squeeze,
+    "Tanh": _unary("tanh"), "Transpose": _transpose, "Unsqueeze": _unsqueeze,
+}
+
+#: ONNX operators read by ``read_onnx`` (on the perturbed path; on constants every operator
+#: the onnx reference evaluator knows is folded).
+ONNX_OPERATORS = tuple(sorted({*RULES, "Constant", "ConstantOfShape"}))

@@ -1,0 +1,314 @@
+"""The VNN-COMP interface: decide a VNN-LIB property on an ONNX network.
+
+``solve(network, regions, timeout, method)`` answers, per the VNN-COMP result words:
+- "unsat": for every region and every disjunct (mat, rhs), some row r is proved infeasible,
+  i.e. a certified lower bound of mat_r·Y exceeds rhs_r over the box (also tried: the sum of
+  the disjunct's rows, a nonnegative combination). Bounds: ``certify.linear_bounds`` with the
+  chosen method; when the output is a softmax, the method "vertex" also bounds c·softmax(s)
+  exactly over the score box (Vertex-Softmax, ``bounds.vertex_softmax``) and uses the
+  output's interval intersected with its exact Vertex-Softmax interval. Boxes not proved are bisected on their
+  widest input (at most ``max_boxes`` boxes per region).
+- "sat": PGD (sign steps, random restarts, inside the box; 8 x 40 steps on a region, 2 x 10 on
+  each part of a split) finds x whose float64 forward
+  through the graph satisfies a disjunct; x is rounded into the box at the model's input
+  precision and re-checked by a plain forward pass of the ONNX model itself (onnx's
+  reference evaluator, in the model's own dtype). The counterexample carries that x and the
+  ONNX model's y.
+- "timeout" when the time budget runs out first, "unknown" otherwise.
+``write_result(verdict, path)`` writes the VNN-COMP result file.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import torch
+from onnx import helper, reference
+
+from bounds import vertex_softmax
+from certify import crown
+from certify.api import linear_bounds
+from certify.lowering import F64
+from certify.methods import METHODS
+from certify.onnx_graph import OnnxNetwork, forward
+from certify.vnnlib import Property, Region
+
+RESULTS = ("sat", "unsat", "unknown", "timeout")
+#: the methods of certify.METHODS that run on a graph (not the auto_LiRPA baselines)
+SOLVE_METHODS = tuple(name for name, m in METHODS.items() if not m.needs_model)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``result`` in RESULTS; ``counterexample``: (x, y) flat tuples of floats for "sat"
+    (x inside the box at the model's input precision, y the ONNX model's output), else None;
+    ``boxes``: input boxes bounded (after splitting)."""
+
+    result: str
+    counterexample: tuple | None
+    seconds: float
+    method: str
+    assumptions: str
+    boxes: int = 0
+
+
+ASSUMPTIONS = ("unsat: the verifier's bounds (certify.crown arithmetic: float64 widened by a relative "
+               "1e-9, not directed rounding) on the float64 real-arithmetic graph of the ONNX model; "
+               "sat: a concrete input re-checked on the ONNX model in its own dtype")
+
+
+class _Timeout(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- bounds
+def _output_softmax(graph):
+    """The attention entry whose probabilities are the graph output (possibly through a
+    reshape), or None."""
+    out = graph.output
+    node = graph.nodes[out]
+    if node.op == "reshape":
+        out = node.inputs[0]
+    return next((a for a in graph.attention if a["probs"] == out), None)
+
+
+def lower_bounds(graph, xl, xu, C, method="crown"):
+    """Certified lower bounds (B, S) of C·output over the boxes [xl, xu] (B, *input shape);
+    C: (B, S, *output shape). ``certify.linear_bounds`` with ``method``; for "vertex" also
+    the Vertex-Softmax bound of a softmax output (see the module docstring)."""
+    if method not in SOLVE_METHODS:
+        raise ValueError(f"method: expected one of {SOLVE_METHODS}, got {method!r}")
+    lo = linear_bounds(graph, xl, xu, C, method)
+    att = _output_softmax(graph)
+    if method == "vertex" and att is not None:
+        with torch.no_grad():
+            state = crown.propagate(graph, xl, xu, vertex=True, anchor=(xl + xu) / 2)
+            # the output's own interval, intersected with its exact Vertex-Softmax interval
+            lo = torch.maximum(lo, crown.ibp_lower(state, C))
+            # c·softmax(s) exactly over the score box, row by row (a sum of row minima is a
+            # lower bound of the minimum of the sum); both the raw and the shifted scores are
+            # tried: the raw box is the exact one when the scores are (affine in) the input
+            # box, the shifted one is often tighter deeper in a network
+            shape = graph.nodes[att["probs"]].shape
+            c = C.reshape(C.shape[0], C.shape[1], -1, shape[-1])
+            for key in ("scores", "shifted"):
+                sl, su = state.bounds[att[key]]
+                if not (torch.isfinite(sl).all() and torch.isfinite(su).all()):
+                    continue  # an overflowed score bound: the other bounds stand
+                sl = sl.reshape(sl.shape[0], 1, -1, shape[-1]).expand_as(c)
+                su = su.reshape(su.shape[0], 1, -1, shape[-1]).expand_as(c)
+                lo = torch.maximum(lo, vertex_softmax(c, sl, su).lower.sum(-1))
+    return lo.detach()
+
+
+# ---------------------------------------------------------------- attack
+def _np_dtype(network):
+    inp = next(i for i in network.model.graph.input if i.name == network.input_name)
+    return np.dtype(helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type))
+
+
+def _into_box(x, lo, hi, dtype):
+    """x rounded to ``dtype`` and moved inside [lo, hi] (one representable step at a time)."""
+    r = x.astype(dtype)
+    low = r.astype(np.float64) < lo
+    r[low] = np.nextafter(r[low], np.array(np.inf, dtype=dtype))
+    high = r.astype(np.float64) > hi
+    r[high] = np.nextafter(r[high], np.array(-np.inf, dtype=dtype))
+    return r
+
+
+def onnx_output(network: OnnxNetwork, x) -> np.ndarray:
+    """The ONNX model's own output at x (flat), by onnx's reference evaluator, flattened."""
+    x = np.asarray(x).reshape(network.input_shape).astype(_np_dtype(network))
+    ev = reference.ReferenceEvaluator(network.model)
+    return np.asarray(ev.run([network.output_name], {network.input_name: x})[0], dtype=np.float64).reshape(-1)
+
+
+def _violation(y, region):
+    """min over disjuncts of max_r (mat_r·y - rhs_r): <= 0 iff y satisfies the region."""
+    out = []
+    for mat, rhs in region.disjuncts:
+        if len(rhs) == 0:
+            out.append(torch.full((y.shape[0],), -torch.inf, dtype=F64))
+            continue
+        m, r = torch.as_tensor(mat, dtype=F64), torch.as_tensor(rhs, dtype=F64)
+        out.append((y @ m.T - r).max(-1).values)
+    return torch.stack(out, -1).min(-1).values
+
+
+def _attack(network, region, lo, hi, deadline, gen, restarts=8, steps=40):
+    """A counterexample (x, y) in [lo, hi] checked on the ONNX model, or None."""
+    n = lo.shape[0]
+    lo_t, hi_t = torch.as_tensor(lo, dtype=F64), torch.as_tensor(hi, dtype=F64)
+    width = hi_t - lo_t
+    x = lo_t + width * torch.rand(restarts, n, dtype=F64, generator=gen)
+    x[0] = (lo_t + hi_t) / 2
+    step = 2.5 * width / steps
+    dtype = _np_dtype(network)
+    for k in range(steps + 1):
+        if time.monotonic() > deadline:
+            raise _Timeout
+        x = x.detach().requires_grad_(True)
+        v = _violation(forward(network, x).reshape(restarts, -1), region)
+        for i in torch.nonzero(v <= 0).flatten().tolist():
+            found = _check(network, region, x[i].detach().numpy(), lo, hi, dtype)
+            if found is not None:
+                return found
+        if k == steps:
+            break
+        (g,) = torch.autograd.grad(v[torch.isfinite(v)].sum(), x) if torch.isfinite(v).any() else (None,)
+        if g is None:
+            break
+        with torch.no_grad():
+            x = torch.minimum(torch.maximum(x - step * g.sign(), lo_t), hi_t)
+    return None
+
+
+def _check(network, region, x, lo, hi, dtype):
+    x = _into_box(np.asarray(x, dtype=np.float64), lo, hi, dtype)
+    x64 = x.astype(np.float64)
+    if not (np.all(x64 >= lo) and np.all(x64 <= hi)):
+        return None
+    with torch.no_grad():
+        y64 = forward(network, torch.as_tensor(x64).unsqueeze(0)).reshape(-1).numpy()
+    if not region.satisfied(y64):
+        return None
+    y = onnx_output(network, x)
+    if not region.satisfied(y):
+        return None
+    return tuple(float(v) for v in x64), tuple(float(v) for v in y)
+
+
+# ---------------------------------------------------------------- solve
+def _up(q: Fraction) -> float:
+    f = float(q)
+    return f if Fraction(f) >= q else float(np.nextafter(f, np.inf))
+
+
+def _spec(region, n_out):
+    """Rows of all disjuncts plus each multi-row disjunct's sum: (mat, rhs, owner)."""
+    rows, rhs, owner = [], [], []
+    for d, (m, r) in enumerate(region.disjuncts):
+        for i in range(len(r)):
+            rows.append(m[i])
+            rhs.append(r[i])
+            owner.append(d)
+        if len(r) > 1:
+            # the sum of the rows, used only when its coefficients are exact in float64
+            col = [sum((Fraction(float(v)) for v in m[:, j]), Fraction(0)) for j in range(m.shape[1])]
+            if all(Fraction(float(c)) == c for c in col):
+                rows.append(np.array([float(c) for c in col]))
+                rhs.append(_up(sum((Fraction(float(v)) for v in r), Fraction(0))))
+                owner.append(d)
+    return (np.array(rows).reshape(len(rows), n_out), np.array(rhs, dtype=np.float64), np.array(owner, dtype=np.int64))
+
+
+def _proved(network, region, boxes, method):
+    """Per box: is every disjunct infeasible on it?"""
+    mat, rhs, owner = _spec(region, network.n_outputs)
+    nd = len(region.disjuncts)
+    if any(len(r) == 0 for _, r in region.disjuncts):
+        return [False] * len(boxes)
+    xl = torch.as_tensor(np.stack([b[0] for b in boxes]), dtype=F64).reshape(len(boxes), *network.input_shape)
+    xu = torch.as_tensor(np.stack([b[1] for b in boxes]), dtype=F64).reshape(len(boxes), *network.input_shape)
+    C = torch.as_tensor(mat, dtype=F64).reshape(1, len(rhs), *network.output_shape).expand(len(boxes), -1,
+                                                                                          *network.output_shape)
+    lo = lower_bounds(network.graph, xl, xu, C, method).numpy()
+    infeasible = lo > rhs[None, :]  # (B, S)
+    out = []
+    for b in range(len(boxes)):
+        dead = np.zeros(nd, dtype=bool)
+        dead[owner[infeasible[b]]] = True
+        out.append(bool(dead.all()))
+    return out
+
+
+def solve(network: OnnxNetwork, regions, timeout: float, method: str = "crown", *, max_boxes: int = 64,
+          seed: int = 0) -> Verdict:
+    """Decide the property (``regions``: a ``certify.vnnlib.Property`` or Regions) on
+    ``network`` within ``timeout`` seconds. See the module docstring for the meaning."""
+    start = time.monotonic()
+    if isinstance(regions, Property):
+        regions = regions.regions
+    regions = tuple(regions)
+    if method not in SOLVE_METHODS:
+        raise ValueError(f"method: expected one of {SOLVE_METHODS}, got {method!r}")
+    if not (isinstance(timeout, (int, float)) and np.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
+    if int(max_boxes) < 1:
+        raise ValueError(f"max_boxes: expected >= 1, got {max_boxes!r}")
+    for k, r in enumerate(regions):
+        if not isinstance(r, Region):
+            raise ValueError(f"regions: item {k} is a {type(r).__name__}, not a certify.vnnlib.Region")
+        if r.lower.shape != (network.n_inputs,):
+            raise ValueError(f"regions: region {k} has {r.lower.size} inputs, the network {network.n_inputs}")
+        if any(m.shape[1] != network.n_outputs for m, _ in r.disjuncts):
+            raise ValueError(f"regions: region {k} constrains outputs of size other than {network.n_outputs}")
+        if not (np.all(np.isfinite(r.lower)) and np.all(np.isfinite(r.upper)) and np.all(r.lower <= r.upper)):
+            raise ValueError(f"regions: region {k} has a non-finite or empty input box")
+    deadline = start + float(timeout)
+    gen = torch.Generator().manual_seed(seed)
+
+    def verdict(result, cex=None, boxes=0):
+        return Verdict(result, cex, time.monotonic() - start, method, ASSUMPTIONS, boxes)
+
+    nboxes = 0
+    try:
+        # a cheap attack on every region first: most "sat" instances fall here
+        for r in regions:
+            cex = _attack(network, r, r.lower, r.upper, deadline, gen, restarts=4, steps=10)
+            if cex is not None:
+                return verdict("sat", cex)
+        unknown = False
+        for r in regions:
+            queue, budget, open_ = [(r.lower, r.upper)], int(max_boxes), False
+            while queue and not open_:
+                if time.monotonic() > deadline:
+                    raise _Timeout
+                batch, queue = queue[:8], queue[8:]
+                nboxes += len(batch)
+                budget -= len(batch)
+                for (lo, hi), ok in zip(batch, _proved(network, r, batch, method)):
+                    if ok:
+                        continue
+                    # the full attack on the whole box, a light one on its parts
+                    root = lo is r.lower and hi is r.upper
+                    cex = _attack(network, r, lo, hi, deadline, gen, *((8, 40) if root else (2, 10)))
+                    if cex is not None:
+                        return verdict("sat", cex, nboxes)
+                    if budget - len(queue) < 2 or not np.any(hi > lo):
+                        unknown = open_ = True
+                        continue
+                    d = int(np.argmax(hi - lo))
+                    mid = lo[d] + (hi[d] - lo[d]) / 2
+                    left_hi, right_lo = hi.copy(), lo.copy()
+                    left_hi[d], right_lo[d] = mid, mid
+                    queue += [(lo, left_hi), (right_lo, hi)]
+        return verdict("unknown" if unknown else "unsat", None, nboxes)
+    except _Timeout:
+        return verdict("timeout", None, nboxes)
+
+
+def result_text(verdict: Verdict) -> str:
+    """The VNN-COMP result file's text: the word, then for "sat" the assignment
+    ``((X_0 v) ... (Y_0 v) ...)`` with repr-exact floats."""
+    if verdict.result not in RESULTS:
+        raise ValueError(f"verdict: result {verdict.result!r} is not one of {RESULTS}")
+    if verdict.result != "sat":
+        return verdict.result + "\n"
+    if verdict.counterexample is None:
+        raise ValueError("verdict: 'sat' without a counterexample")
+    x, y = verdict.counterexample
+    pairs = [f"(X_{i} {float(v)!r})" for i, v in enumerate(x)] + [f"(Y_{j} {float(v)!r})" for j, v in enumerate(y)]
+    return "sat\n(" + "\n ".join(pairs) + ")\n"
+
+
+def write_result(verdict: Verdict, path) -> str:
+    """Write the VNN-COMP result file (see ``result_text``); returns the path."""
+    path = os.fspath(path)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(result_text(verdict))
+    return path
