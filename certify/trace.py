@@ -270,6 +270,17 @@ def export(model: nn.Module, example: torch.Tensor):
     return ep.run_decompositions(decomp) if decomp else ep
 
 
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def _refuse_training_batch_norm(model):
+    # checked before the first forward: at batch 1 torch's own error ("Expected more than 1
+    # value per channel") names no layer
+    for path, mod in model.named_modules():
+        if isinstance(mod, _BATCH_NORMS) and mod.training:
+            raise ValueError(f"{path or type(mod).__name__}: batch norm in training mode (call model.eval())")
+
+
 def trace(model: nn.Module, example: torch.Tensor) -> Graph:
     """The verifier's graph of ``model`` (wrapped in ``Logits`` when needed) traced at
     ``example`` (one input, batch axis first; traced at batch 1). Node 0 is the input, of shape
@@ -277,6 +288,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> Graph:
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     example = example[:1]
+    _refuse_training_batch_norm(model)
     wrapped = model if isinstance(model, Logits) else Logits(model)
     with torch.no_grad():
         logits_of(wrapped(example.to(next(iter(model.parameters()), example).dtype)))

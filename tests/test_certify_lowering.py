@@ -145,6 +145,16 @@ def test_training_mode_dropout_is_refused():
         certify.trace(m, torch.rand(1, 4))
 
 
+@pytest.mark.parametrize("bn", [nn.BatchNorm1d, nn.BatchNorm2d])
+def test_training_mode_batch_norm_is_refused_by_layer(bn):
+    conv = nn.Conv2d(1, 2, 3) if bn is nn.BatchNorm2d else nn.Linear(4, 2)
+    head = nn.Sequential(nn.Flatten(), nn.LazyLinear(2)) if bn is nn.BatchNorm2d else nn.Linear(2, 2)
+    m = nn.Sequential(conv, bn(2), head).train()
+    x = torch.rand(1, 1, 5, 5) if bn is nn.BatchNorm2d else torch.rand(1, 4)
+    with pytest.raises(ValueError, match=r"^1: batch norm in training mode"):
+        certify.trace(m, x)
+
+
 def test_graph_cache_sees_parameter_updates():
     m = nn.Sequential(nn.Linear(4, 2)).double()
     x = torch.rand(2, 4, dtype=F64)
