@@ -144,15 +144,38 @@ def lirpa_lower(model, zl, zu, z0, C, method, custom_ops=None, patch_reducemax=T
 
     if z0.dim() > 3 and PatchModel.on_patches(model):  # images of a certify.ViT
         zl, zu, z0 = model.patchify(zl), model.patchify(zu), model.patchify(z0)
-    bm = bounded_module(model, z0, custom_ops, patch_reducemax)
-    ptb = PerturbationLpNorm(norm=float("inf"), x_L=zl, x_U=zu)
-    x = lirpa.BoundedTensor(z0, ptb)
-    with torch.no_grad():
-        bm(x)  # patch 5: forward on the actual input fixes the max indices
-    if method == "alpha-CROWN":
-        bm.set_bound_opts({"optimize_bound_args": {"iteration": iterations, "lr_alpha": lr}})
-    lo, _ = bm.compute_bounds(x=(x,), C=C, method=method, bound_upper=False)
+    try:
+        bm = bounded_module(model, z0, custom_ops, patch_reducemax)
+        ptb = PerturbationLpNorm(norm=float("inf"), x_L=zl, x_U=zu)
+        x = lirpa.BoundedTensor(z0, ptb)
+        with torch.no_grad():
+            bm(x)  # patch 5: forward on the actual input fixes the max indices
+        if method == "alpha-CROWN":
+            bm.set_bound_opts({"optimize_bound_args": {"iteration": iterations, "lr_alpha": lr}})
+        lo, _ = bm.compute_bounds(x=(x,), C=C, method=method, bound_upper=False)
+    except Exception as exc:
+        where = failure_site(exc)
+        if where and len(exc.args) == 1 and isinstance(exc.args[0], str):
+            exc.args = (f"{exc.args[0]} ({where})",)  # same type: callers' soft-failure lists still match
+        raise
     return lo
+
+
+def failure_site(exc) -> str:
+    """What auto_LiRPA was working on when it raised ``exc``: the operators it rejected
+    (its graph builder keeps them in a local list before raising), else the innermost bound
+    operator on the stack (type and node name); "" when neither is found."""
+    import traceback
+
+    site = ""
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        rejected = frame.f_locals.get("unsupported_ops")
+        if rejected:
+            return "unsupported: " + ", ".join(sorted({str(getattr(n, "op", n)) for n in rejected}))
+        obj = frame.f_locals.get("self")
+        if obj is not None and type(obj).__module__.startswith("auto_LiRPA.operators"):
+            site = f"in {type(obj).__name__} {getattr(obj, 'name', '?')!r}"
+    return site
 
 
 def _to_f32(t, direction):

@@ -5,6 +5,7 @@ import sys
 import pytest
 import torch
 
+import certify
 from certify import lirpa_compat
 from certify.models import ViT
 from certify.spec import input_box, margin_spec
@@ -56,3 +57,13 @@ def test_missing_auto_lirpa_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "auto_LiRPA", None)
     with pytest.raises(ImportError, match="pip install --no-deps auto-lirpa==0.3"):
         lirpa_compat.load()
+
+
+def test_lirpa_failure_note_names_the_rejected_operator():
+    # GELU exports as onnx::Erf, which auto_LiRPA 0.3 does not support: the soft-failure note
+    # must say so instead of only "There are unsupported operations"
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 3)).double().eval()
+    x = torch.rand(2, 4, dtype=torch.float64)
+    r = certify.verify(m, x, m(x).argmax(1), 0.01, method="lirpa-crown", domain=None)
+    assert "unsupported: onnx::Erf" in r.note
+    assert not r.certified.any()
