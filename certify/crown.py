@@ -24,7 +24,7 @@ import torch
 
 from bounds import vertex_softmax
 from certify import ops
-from certify.ops import add_down, charge, floor_charge, gamma_charge, magnitude, sub_down
+from certify.ops import add_down, charge, floor_charge, gamma_charge, magnitude, scale_charge, sub_down, weighted_sum
 from certify.ops import arithmetic as rounding
 
 ARITHMETIC = ("Sound float64: bounds enclose the real-arithmetic function of the float64 graph (float32 "
@@ -65,13 +65,17 @@ def _no_info(v):
 
 def _concretise(bias, A, l, u, sound):
     """A float64 <= bias + min over the box [l, u] (B, *shape) of A·x (A (B, S, *shape)):
-    Σ of N rounded products, charged γ_(N+1) Σ|t| + N·2^-1074, added with downward steps."""
-    t = A.clamp(min=0) * l.unsqueeze(1) + A.clamp(max=0) * u.unsqueeze(1)
-    s = ops.sum_rest(t)
+    Σ_o A⁺_o l_o + A⁻_o u_o, 2N rounded products and their sum, charged
+    γ_(N+1) Σ (A⁺|l| + |A⁻||u|) + 2N·2^-1074, added with downward steps."""
     if not sound:
-        return _widen_lower(bias + s)
-    n = math.prod(t.shape[2:])
-    err = charge(t, 1.0, n + 1) + floor_charge(n, 1.0)
+        t = A.clamp(min=0) * l.unsqueeze(1) + A.clamp(max=0) * u.unsqueeze(1)
+        return _widen_lower(bias + ops.sum_rest(t))
+    ap, an = A.clamp(min=0), A.clamp(max=0)
+    l1, u1 = l.unsqueeze(1), u.unsqueeze(1)
+    s = weighted_sum(ap, l1) + weighted_sum(an, u1)
+    n = math.prod(A.shape[2:])
+    total = weighted_sum(ap, l1.abs()) - weighted_sum(an, u1.abs())
+    err = scale_charge(total, n + 1, 2 * n) + floor_charge(2 * n, 1.0)
     return _no_info(sub_down(add_down(bias, s), err))
 
 

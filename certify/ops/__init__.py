@@ -27,11 +27,14 @@ from certify.ops.core import (
     magnitude,
     names,
     register,
+    scale_charge,
     sub_down,
     sum_rest,
     up,
+    weighted_sum,
 )
 
 __all__ = ["KINDS", "MODES", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "add_down",
            "adjoint", "arithmetic", "charge", "conv2d_params", "conv2d_shape", "down", "floor_charge", "forward",
-           "gamma_charge", "get", "is_sound", "magnitude", "names", "register", "sub_down", "sum_rest", "up"]
+           "gamma_charge", "get", "is_sound", "magnitude", "names", "register", "scale_charge", "sub_down", "sum_rest", "up",
+           "weighted_sum"]

@@ -98,17 +98,31 @@ def magnitude(l, u):
     return torch.maximum(l.abs(), u.abs())
 
 
+def weighted_sum(W, v):
+    """Σ_rest W·v (B, S) for W (B, S, *shape) and v (B, 1, *shape) (or broadcastable): one
+    batched matrix product when v is shared by the S rows. Where v is ±inf and W is 0 the
+    term is 0 (a zero coefficient contributes exactly nothing, whatever the bound)."""
+    v = torch.as_tensor(v, dtype=W.dtype)
+    if torch.isinf(v).any():
+        return sum_rest(torch.where(W == 0, 0.0, W * v))
+    b, s = W.shape[:2]
+    if W.dim() > 2 and v.dim() == W.dim() and v.shape[0] == b and v.shape[1] == 1 and v.shape[2:] == W.shape[2:]:
+        return torch.bmm(W.reshape(b, s, -1), v.reshape(b, -1, 1)).squeeze(-1)
+    return sum_rest(W * v)
+
+
+def scale_charge(total, n, terms):
+    """A float64 >= γ_n T for the real T of a computed ``total`` = Σ of ``terms`` rounded
+    nonnegative products (any order; BLAS may fuse): T <= total·GROW + terms·2^-1074 (the
+    second term only matters when total is subnormal), then one ulp up after the product
+    with γ_n·GROW (``gamma`` rounded, GROW covers it)."""
+    return up((total * GROW + terms * SUBNORMAL_ULP) * (gamma(n) * GROW))
+
+
 def charge(W, mag, n):
     """A float64 >= γ_n Σ_rest |W|·mag in real arithmetic (sum over every dim after the
-    first two; ``mag`` >= 0 broadcasts against W (B, S, ...)). A zero weight charges nothing
-    even where mag is inf (its product is exactly 0). Computed Σ̂: the real sum is at most
-    Σ̂·GROW + (terms)·2^-1074 (one subnormal spacing per rounded product; for a normal Σ̂ the
-    first term already covers it), then one ulp up after the product with γ_n·GROW
-    (``gamma`` rounded, GROW covers it)."""
-    t = torch.where(W == 0, 0.0, W.abs() * mag)
-    s = sum_rest(t)
-    terms = math.prod(t.shape[2:])
-    return up((s * GROW + terms * SUBNORMAL_ULP) * (gamma(n) * GROW))
+    first two; ``mag`` >= 0 is an upper bound, broadcasting against W (B, S, ...))."""
+    return scale_charge(weighted_sum(W.abs(), mag), n, math.prod(W.shape[2:]))
 
 
 def gamma_charge(q, n):
@@ -266,19 +280,20 @@ class Elementwise(Operator):
         coefficient is >= 0, the upper one where it is < 0. ``box`` (l, u): the input's bounds.
 
         Sound arithmetic: each coefficient is one rounded product (the other term is an exact
-        0), off by <= u|A w| + 2^-1074, charged as γ_1 Σ |new|·max|x| (|new| within a factor
-        1 + u of |A w|, inside γ_1 = u/(1-u)); the bias, a sum of N products, by
-        γ_(N+1) Σ |A b| (Higham Thm 3.5), plus 2^-1074 per product (subnormal range)."""
+        0), off by <= u|A w| + 2^-1074, so against |x| <= m it costs u Σ |A||w| m; the bias, a
+        sum of N products, is off by <= γ_(N+1) Σ |A||b| (Higham Thm 3.5) + N·2^-1074; both
+        charged together as γ_(N+1) Σ |A| (|w| m + |b|) (w, b the plane chosen by the sign)."""
         lw, lb, uw, ub = planes
         ap, an = A.clamp(min=0), A.clamp(max=0)
-        new, t = ap * lw + an * uw, ap * lb + an * ub
-        bias = sum_rest(t)
+        new, bias = ap * lw + an * uw, sum_rest(ap * lb + an * ub)
         if not is_sound():
             return [new], bias
+        # Σ|new|·m + Σ|A b| = Σ ap (|lw| m + |lb|) + Σ |an| (|uw| m + |ub|): two products with
+        # per-entry weights instead of two more passes over A-sized tensors
         m = magnitude(*box).unsqueeze(1)
         n = math.prod(A.shape[2:])
-        err = charge(new, m, 1) + charge(t, 1.0, n + 1) \
-            + floor_charge(n, 1 + sum_rest(m.squeeze(1), 1)).unsqueeze(1)
+        total = weighted_sum(ap, lw.abs() * m + lb.abs()) - weighted_sum(an, uw.abs() * m + ub.abs())
+        err = scale_charge(total, n + 1, 2 * n) + floor_charge(n, 1 + sum_rest(m.squeeze(1), 1)).unsqueeze(1)
         return [new], sub_down(bias, err)
 
 
