@@ -40,7 +40,8 @@ class CertResult:
     """lower_margin[b, j] <= min over the input set of z_y - z_j (0 at j = y); certified[b]
     iff every j != y has a positive lower bound. ``eps``: the ball radius (None for a box);
     ``domain``: the input domain the ball was clipped to (None: unclipped);
-    ``assumptions``: the method's, as registered."""
+    ``assumptions``: the method's, as registered (ours: the arithmetic model
+    ``certify.crown.ARITHMETIC``, under which every bound encloses the real-arithmetic value)."""
 
     lower_margin: torch.Tensor
     certified: torch.Tensor

@@ -10,17 +10,34 @@ topological order (CROWN for every input of a nonlinear node, intersected with I
 the final specification. Upper bounds are lower bounds of -A (specs are batched [I; -I]).
 
 Arithmetic: see ``ARITHMETIC`` (carried as data by the method registry, ``certify.methods``).
+Every bound encloses the real-arithmetic value: each step charges its float64 rounding
+error into the bias by the soundness contract of ``certify.ops.core`` (the operators charge
+their own steps; here: coefficient and bias accumulation, the concretisation over the input
+box and the Vertex-Softmax P·V term). ``arithmetic="plain"`` (``propagate``, ``backward``)
+is the old unsound float64, kept to measure the cost (docs/certify/sound-fp.md).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from bounds import vertex_softmax
 from certify import ops
+from certify.ops import add_down, charge, floor_charge, gamma_charge, magnitude, scale_charge, sub_down, weighted_sum
+from certify.ops import arithmetic as rounding
 
-ARITHMETIC = ("float64 without directed rounding; every concretised bound is widened by a "
-              "relative 1e-9 (SLACK), far above the accumulated float64 error of these small sums "
-              "but not a proof of it. Vertex-Softmax terms (bounds.vertex_softmax) are rounded outward.")
+ARITHMETIC = ("Sound float64: bounds enclose the real-arithmetic function of the float64 graph (float32 "
+              "weights lift exactly). Standard model fl(x op y) = (x op y)(1 + d), |d| <= u = 2^-53, "
+              "plus 2^-1074 per product in the subnormal range; round to nearest. Each matrix product "
+              "and sum (adjoints, intervals, plane steps, coefficient and bias accumulation, "
+              "concretisation, Vertex-Softmax c) is charged gamma_n |A||B| (Higham, Thm 3.5; n its "
+              "length, gamma from kernels.floating) against max|x| of the node's bounds, bias and "
+              "interval ends moved one ulp outward (nextafter). Relaxation planes and exp/log-type "
+              "intervals are the operators' own (certify.ops; libm within their stated ulps; pending "
+              "branch relax13, the McCormick steps of mul/matmul do not yet charge their rounding); "
+              "Vertex-Softmax assumes exp within 2 ulp (bounds.vertex_softmax). No heuristic widening.")
+#: the old relative widening, used only with arithmetic="plain" (no proof rests on it)
 SLACK = 1e-9
 ELEMENT_BUDGET = 2**23  # elements of one coefficient tensor: bounds the spec chunk size
 
@@ -28,6 +45,39 @@ ELEMENT_BUDGET = 2**23  # elements of one coefficient tensor: bounds the spec ch
 def _widen_lower(v):
     v = torch.nan_to_num(v, nan=-torch.inf)  # NaN from overflowed bounds: no information
     return v - SLACK * (1 + v.abs())
+
+
+def _ambient(arithmetic):
+    if arithmetic is None:
+        return "sound" if ops.is_sound() else "plain"
+    if arithmetic not in ops.MODES:
+        raise ValueError(f"arithmetic: expected one of {ops.MODES}, got {arithmetic!r}")
+    return arithmetic
+
+
+def _mode(state, arithmetic=None):
+    return getattr(state, "arithmetic", "sound") if arithmetic is None else _ambient(arithmetic)
+
+
+def _no_info(v):
+    # NaN from overflowed bounds (inf - inf, 0·inf): no information
+    return torch.nan_to_num(v, nan=-torch.inf, posinf=torch.inf, neginf=-torch.inf)
+
+
+def _concretise(bias, A, l, u, sound):
+    """A float64 <= bias + min over the box [l, u] (B, *shape) of A·x (A (B, S, *shape)):
+    Σ_o A⁺_o l_o + A⁻_o u_o, 2N rounded products and their sum, charged
+    γ_(N+1) Σ (A⁺|l| + |A⁻||u|) + 2N·2^-1074, added with downward steps."""
+    if not sound:
+        t = A.clamp(min=0) * l.unsqueeze(1) + A.clamp(max=0) * u.unsqueeze(1)
+        return _widen_lower(bias + ops.sum_rest(t))
+    ap, an = A.clamp(min=0), A.clamp(max=0)
+    l1, u1 = l.unsqueeze(1), u.unsqueeze(1)
+    s = weighted_sum(ap, l1) + weighted_sum(an, u1)
+    n = math.prod(A.shape[2:])
+    total = weighted_sum(ap, l1.abs()) - weighted_sum(an, u1.abs())
+    err = scale_charge(total, n + 1, 2 * n) + floor_charge(2 * n, 1.0)
+    return _no_info(sub_down(add_down(bias, s), err))
 
 
 class BoundState:
@@ -44,42 +94,58 @@ class BoundState:
 # ---------------------------------------------------------------- interval propagation
 def ibp_node(state, i):
     node = state.g.nodes[i]
-    return node.operator.interval(node, [state.bounds[j] for j in node.inputs], state.consts.get(i))
+    with rounding(_mode(state)):
+        return node.operator.interval(node, [state.bounds[j] for j in node.inputs], state.consts.get(i))
 
 
 # ---------------------------------------------------------------- backward propagation
-def backward(state, target, A, *, alphas=None, vertex_pv=()):
+def backward(state, target, A, *, alphas=None, vertex_pv=(), arithmetic=None):
     """Lower bound (B, S) of A·x_target over the input box. ``A``: (B, S, *shape).
 
     ``alphas``: node id -> ReLU lower slopes (B, S, *shape). ``vertex_pv``: ids of P·V
-    nodes whose term is bounded by Vertex-Softmax instead of McCormick planes."""
+    nodes whose term is bounded by Vertex-Softmax instead of McCormick planes.
+    ``arithmetic``: "sound" or "plain" (default: the one ``propagate`` used).
+    Invariant (sound): A·x_target >= Σ_j coef_j·x_j + bias for every real input in the box,
+    with the float64 coef and bias as they stand; each step keeps it by charging its error."""
+    mode = _mode(state, arithmetic)
+    with rounding(mode):
+        return _backward(state, target, A, alphas, vertex_pv, mode == "sound")
+
+
+def _backward(state, target, A, alphas, vertex_pv, sound):
     g = state.g
     coef = {target: A}
     bias = A.new_zeros(A.shape[:2])
+    add = add_down if sound else torch.add
     for i in range(target, -1, -1):
         if i not in coef:
             continue
         Ai, node = coef.pop(i), g.nodes[i]
         op = node.operator
         if op.kind == "input":
-            xl, xu = state.bounds[i]
-            lo = bias + ops.sum_rest(Ai.clamp(min=0) * xl.unsqueeze(1) + Ai.clamp(max=0) * xu.unsqueeze(1))
-            return _widen_lower(lo)
+            return _concretise(bias, Ai, *state.bounds[i], sound)
         if i in vertex_pv:
-            bias = bias + vertex_pv_term(state, i, Ai)
+            bias = add(bias, vertex_pv_term(state, i, Ai))
             continue
         alpha = None if alphas is None else alphas.get(i)
         if op.kind == "elementwise" and alpha is None:
-            new, b = op.step(Ai, _planes(state, i))
+            new, b = op.step(Ai, _planes(state, i), state.bounds[node.inputs[0]])
         else:
             new, b = op.backward(node, Ai, [state.bounds[j] for j in node.inputs],
                                  [g.nodes[j].shape for j in node.inputs], state.consts.get(i), alpha)
-        bias = bias + b
+        bias = add(bias, b)
         for j, a in zip(node.inputs, new):
-            coef[j] = coef[j] + a if j in coef else a
+            if j not in coef:
+                coef[j] = a
+                continue
+            s = coef[j] + a
+            if sound:
+                # |fl(c + a) - (c + a)| <= u|fl(c + a)| (sums are exact below the normal range)
+                bias = sub_down(bias, charge(s, magnitude(*state.bounds[j]).unsqueeze(1), 1))
+            coef[j] = s
     # no coefficient reached the input (e.g. Vertex-Softmax bounded every path through P·V):
     # the bound is the constant collected so far
-    return _widen_lower(bias)
+    return _no_info(bias) if sound else _widen_lower(bias)
 
 
 def _planes(state, i):
@@ -94,15 +160,26 @@ def _planes(state, i):
 def vertex_pv_term(state, pv, A):
     """min over the score and value boxes of A·(P V), decoupled through the simplex:
     Σ_i Σ_k p_ik (Σ_d A_id v_kd) >= Σ_i min_{s_i in box} Σ_k softmax(s_i)_k c_ik with
-    c_ik = min_{v in box} Σ_d A_id v_kd (p >= 0), each row solved exactly (Vertex-Softmax)."""
+    c_ik = min_{v in box} Σ_d A_id v_kd (p >= 0), each row solved exactly (Vertex-Softmax).
+    Sound: the computed c (two products of length d and a sum) is lowered by
+    γ_(d+1) (|A| max|v|)_ik + 3(d+1)·2^-1074, so it is <= the real minimum; the row bounds
+    are outward (bounds.vertex_softmax) and their sum is charged γ_(n+1) Σ|row|."""
     att = next(a for a in state.g.attention if a["pv"] == pv)
     vl, vu = (t.unsqueeze(1) for t in state.bounds[att["values"]])
     yl, yu = (t.unsqueeze(1) for t in state.bounds[att["shifted"]])
     ap, an = A.clamp(min=0), A.clamp(max=0)
     c = ap @ vl.transpose(-1, -2) + an @ vu.transpose(-1, -2)
-    c = _widen_lower(c)
+    sound = ops.is_sound()
+    if not sound:
+        c = _widen_lower(c)
+    else:
+        d = vl.shape[-1]
+        c = _no_info(sub_down(c, gamma_charge(A.abs() @ magnitude(vl, vu).transpose(-1, -2), d + 1)))
     low = vertex_softmax(c, yl.expand_as(c), yu.expand_as(c)).lower
-    return ops.sum_rest(low)
+    s = ops.sum_rest(low)
+    if not sound:
+        return s
+    return sub_down(s, charge(low, 1.0, math.prod(low.shape[2:]) + 1))
 
 
 def crown_node(state, i):
@@ -149,12 +226,16 @@ def _domain(node, l, u):
     return l, torch.maximum(l, u)
 
 
-def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None):
+def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmetic=None):
     """Bounds of every node. crown=False: IBP only. vertex=True: softmax probabilities and
     attention outputs are also intersected with their exact Vertex-Softmax intervals.
     ``anchor``: the input point (default: the box centre) whose winning key j* per attention
-    row is subtracted from the scores (any choice is exact; it only changes tightness)."""
+    row is subtracted from the scores (any choice is exact; it only changes tightness).
+    ``arithmetic``: "sound" or "plain" (see ``ARITHMETIC``; default: "sound", unless inside
+    ``certify.ops.arithmetic("plain")``); kept on the state for ``backward``."""
+    arithmetic = _ambient(arithmetic)
     state = BoundState(graph, xl, xu)
+    state.arithmetic = arithmetic
     need = _needs_bounds(graph) if crown else set()
     att_of = {a["probs"]: a for a in graph.attention} | {a["pv"]: a for a in graph.attention}
     centre = [(xl + xu) / 2 if anchor is None else anchor]
@@ -193,9 +274,9 @@ def _vertex_interval(state, att, i):
 
 
 def ibp_lower(state, C):
-    """IBP lower bound of C·z from the logit interval."""
+    """IBP lower bound of C·z from the logit interval (rounded down, as the concretisation)."""
     l, u = state.bounds[state.g.output]
-    return _widen_lower(ops.sum_rest(C.clamp(min=0) * l.unsqueeze(1) + C.clamp(max=0) * u.unsqueeze(1)))
+    return _concretise(C.new_zeros(C.shape[:2]), C, l, u, _mode(state) == "sound")
 
 
 def alpha_crown(state, C, iterations=20, lr=0.1):

@@ -7,19 +7,34 @@ from certify.ops import activations, affine, bilinear, convolution, elementwise 
 from certify.ops.convolution import conv2d_params, conv2d_shape
 from certify.ops.core import (
     KINDS,
+    MODES,
     OPERATORS,
     Affine,
     Bilinear,
     Elementwise,
     Input,
     Operator,
+    add_down,
     adjoint,
+    arithmetic,
+    charge,
+    down,
+    floor_charge,
     forward,
+    gamma_charge,
     get,
+    is_sound,
+    magnitude,
     names,
     register,
+    scale_charge,
+    sub_down,
     sum_rest,
+    up,
+    weighted_sum,
 )
 
-__all__ = ["KINDS", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "adjoint",
-           "conv2d_params", "conv2d_shape", "forward", "get", "names", "register", "sum_rest"]
+__all__ = ["KINDS", "MODES", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "add_down",
+           "adjoint", "arithmetic", "charge", "conv2d_params", "conv2d_shape", "down", "floor_charge", "forward",
+           "gamma_charge", "get", "is_sound", "magnitude", "names", "register", "scale_charge", "sub_down", "sum_rest", "up",
+           "weighted_sum"]

@@ -4,12 +4,16 @@ For y = M x + b the backward step maps coefficients A on y (shape (B, S, *y.shap
 on x and adds A·b to the bias (B, S). Every adjoint is the exact transpose of its map
 (tests/test_certify_operators.py checks <A, M x> = <adjoint(A), x> on random tensors).
 The interval of y is M·centre ± |M|·radius, except where an operator gives its own rule.
+Sound arithmetic (``certify.ops.core.Affine``): the backward step charges its rounding error
+through the interval of the symmetric box, so every ``radius`` here must be |M| r exactly
+(or an upper bound) and every ``exact`` rule must round outward; ``exact_adjoint`` marks the
+pure data movements (reshape, transpose, copies), whose adjoint rounds nothing.
 """
 from __future__ import annotations
 
 import torch
 
-from certify.ops.core import Affine, Input, register, sum_rest
+from certify.ops.core import Affine, Input, down, is_sound, register, sum_rest, up
 
 register(Input(name="input", description="the perturbed input (its box is given)"))
 
@@ -43,12 +47,13 @@ register(Affine(name="linear", description="x Wᵀ + b over the last axis",
 
 
 def _add_interval(p, ins, const):
-    return ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]
+    lo, hi = ins[0][0] + ins[1][0], ins[0][1] + ins[1][1]
+    return (down(lo), up(hi)) if is_sound() else (lo, hi)
 
 
 register(Affine(name="add", description="x + y (residual connection)", inputs=2,
                 apply=lambda p, xs, c: xs[0] + xs[1], adjoint=lambda p, A, c: ([A, A], _zero(A)),
-                exact=_add_interval))
+                exact=_add_interval, exact_adjoint=True))
 
 register(Affine(name="bias", description="x + a constant tensor (positional embedding)",
                 apply=lambda p, xs, c: xs[0] + p["value"],
@@ -69,15 +74,15 @@ register(Affine(name="prepend", description="a constant token prepended on the t
 
 register(Affine(name="split_heads", description="(N, d) -> (h, N, d/h)",
                 apply=lambda p, xs, c: _split(xs[0], p["heads"]),
-                adjoint=lambda p, A, c: ([_merge(A)], _zero(A))))
+                adjoint=lambda p, A, c: ([_merge(A)], _zero(A)), exact_adjoint=True))
 
 register(Affine(name="merge_heads", description="(h, N, d/h) -> (N, d)",
                 apply=lambda p, xs, c: _merge(xs[0]),
-                adjoint=lambda p, A, c: ([_split(A, p["heads"])], _zero(A))))
+                adjoint=lambda p, A, c: ([_split(A, p["heads"])], _zero(A)), exact_adjoint=True))
 
 register(Affine(name="transpose", description="swap the last two axes",
                 apply=lambda p, xs, c: xs[0].transpose(-1, -2),
-                adjoint=lambda p, A, c: ([A.transpose(-1, -2)], _zero(A))))
+                adjoint=lambda p, A, c: ([A.transpose(-1, -2)], _zero(A)), exact_adjoint=True))
 
 register(Affine(name="scale", description="x · factor (a Python float)",
                 apply=lambda p, xs, c: xs[0] * p["factor"],
@@ -101,6 +106,8 @@ def _shift_interval(p, ins, const):
     # y_j* = 0 exactly; y_j in [l_j - u_j*, u_j - l_j*]
     (l, u), = ins
     lo, hi = l - u.gather(-1, const), u - l.gather(-1, const)
+    if is_sound():
+        lo, hi = down(lo), up(hi)
     zero = torch.zeros_like(const, dtype=l.dtype)
     return lo.scatter(-1, const, zero), hi.scatter(-1, const, zero)
 
@@ -112,7 +119,7 @@ register(Affine(name="softmax_shift",
 
 register(Affine(name="sum_last", description="sum over the last axis (keepdim)",
                 apply=lambda p, xs, c: xs[0].sum(-1, keepdim=True),
-                adjoint=lambda p, A, c: ([A.expand(*A.shape[:-1], p["n"])], _zero(A))))
+                adjoint=lambda p, A, c: ([A.expand(*A.shape[:-1], p["n"])], _zero(A)), exact_adjoint=True))
 
 register(Affine(name="mean_last", description="mean over the last axis (keepdim) + a constant `add`",
                 apply=lambda p, xs, c: xs[0].mean(-1, keepdim=True) + p["add"],
@@ -138,7 +145,7 @@ def _select_adjoint(p, A, const):
 
 
 register(Affine(name="select_token", description="one token of the token axis (class-token pooling)",
-                apply=lambda p, xs, c: xs[0][:, p["index"]], adjoint=_select_adjoint))
+                apply=lambda p, xs, c: xs[0][:, p["index"]], adjoint=_select_adjoint, exact_adjoint=True))
 
 
 # ---------------------------------------------------------------- generic operators of traced graphs
@@ -157,7 +164,8 @@ def _sum_to(t, shape, lead):
 
 register(Affine(name="reshape", description="x viewed with another shape (same elements, same order)",
                 apply=lambda p, xs, c: xs[0].reshape(xs[0].shape[0], *p["to"]),
-                adjoint=lambda p, A, c: ([A.reshape(*A.shape[:2], *p["in_shape"])], _zero(A))))
+                adjoint=lambda p, A, c: ([A.reshape(*A.shape[:2], *p["in_shape"])], _zero(A)),
+                exact_adjoint=True))
 
 
 def _gather(p, xs, const):
@@ -277,4 +285,5 @@ def _inverse(dims):
 
 register(Affine(name="permute", description="the axes of x reordered as `dims`",
                 apply=lambda p, xs, c: xs[0].permute(0, *(d + 1 for d in p["dims"])),
-                adjoint=lambda p, A, c: ([A.permute(0, 1, *(d + 2 for d in _inverse(p["dims"])))], _zero(A))))
+                adjoint=lambda p, A, c: ([A.permute(0, 1, *(d + 2 for d in _inverse(p["dims"])))], _zero(A)),
+                exact_adjoint=True))

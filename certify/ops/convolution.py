@@ -8,7 +8,9 @@ axes are flattened into the convolution's batch). At run time x is (B, *in_shape
 (B, *lead, O, Ho, Wo).
 Backward step: the exact transpose, torch.nn.grad.conv2d_input (a transposed convolution
 with the output padding that restores H, W), cropped where padding is asymmetric; the bias
-adds A·b. Interval: centre-radius with radius |W| ⋆ r (no bias).
+adds A·b. Interval: centre-radius with radius |W| ⋆ r (no bias). Sound arithmetic: both are
+charged by the generic rule of ``certify.ops.core.Affine`` (the radius must be |W| ⋆ r, which
+it is: tests/test_certify_conv.py checks it against the explicit matrix).
 """
 from __future__ import annotations
 

@@ -6,8 +6,10 @@ relaxation in the same way):
 - ``forward(node, xs, const)``: the map on concrete batched inputs;
 - ``interval(node, ins, const)``: a sound image interval of the input intervals ``ins``;
 - ``backward(node, A, ins, shapes, const, alpha)``: one step of linear bound propagation,
-  coefficients A (B, S, *out) on the output -> ([A per input], bias (B, S)) such that
-  A·out >= Σ A_k·in_k + bias on the input box (exact for affine maps: the adjoint);
+  coefficients A (B, S, *out) on the output -> ([A per input], bias (B, S)) such that, for
+  every real input in the boxes ``ins``, A·out >= Σ A_k·in_k + bias in exact real arithmetic
+  with the float64 values returned: the step charges its own rounding error into ``bias``
+  (the soundness contract; ``arithmetic("plain")`` turns the charges off, for comparison);
 - traits as data: ``kind`` (input / affine / elementwise / bilinear), ``arity`` (-1: any >= 1),
   ``monotone`` (the image of an interval is the interval of its end points, so IBP is exact
   and CROWN bounds of the output cannot be tighter), ``value_range`` (the output always
@@ -20,6 +22,9 @@ probability, so it lies in [0, 1]") are recorded on the graph node, not tested b
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -27,7 +32,110 @@ from typing import ClassVar
 
 import torch
 
+from kernels.floating import SUBNORMAL_ULP, gamma
+
 KINDS = ("input", "affine", "elementwise", "bilinear")
+
+# ---------------------------------------------------------------- the rounding-error model
+#: "sound": every step charges its float64 rounding error (see ``charge``); "plain": the old
+#: unsound arithmetic, kept only to measure what soundness costs
+MODES = ("sound", "plain")
+_MODE = contextvars.ContextVar("certify_arithmetic", default="sound")
+#: an error term is a sum of products of nonnegative floats, computed by at most 2^32
+#: roundings along any path (no tensor here has 2^32 elements): its real value is at most
+#: (1 - u)^-(2^32) <= 1 + γ_(2^32) < GROW times the computed one (Higham §3.1), where the
+#: result is normal; subnormal results are covered by one spacing per term (``charge``)
+GROW = 1.0 + 2.0 ** -20
+_NEG, _POS = torch.tensor(-math.inf, dtype=torch.float64), torch.tensor(math.inf, dtype=torch.float64)
+
+
+@contextlib.contextmanager
+def arithmetic(mode):
+    """Within the block, operators and ``certify.crown`` use ``mode`` ("sound" or "plain")."""
+    if mode not in MODES:
+        raise ValueError(f"arithmetic: expected one of {MODES}, got {mode!r}")
+    token = _MODE.set(mode)
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+def is_sound():
+    """True unless inside ``arithmetic("plain")``."""
+    return _MODE.get() == "sound"
+
+
+def _step(t, to):
+    # nextafter(t) written as t + (exact spacing) so that autograd sees the identity
+    # (alpha-CROWN differentiates through bounds); -inf stays -inf, NaN stays NaN
+    d = torch.nextafter(t.detach(), to.to(t.dtype)) - t.detach()
+    return t + d.nan_to_num(nan=0.0)
+
+
+def down(t):
+    """The float64 below t: for t = fl(x op y) (round to nearest), down(t) <= x op y exactly."""
+    return _step(t, _NEG)
+
+
+def up(t):
+    """The float64 above t: for t = fl(x op y), up(t) >= x op y exactly."""
+    return _step(t, _POS)
+
+
+def add_down(a, b):
+    """A float64 <= a + b (real sum of the floats)."""
+    return down(a + b)
+
+
+def sub_down(a, b):
+    """A float64 <= a - b."""
+    return down(a - b)
+
+
+def magnitude(l, u):
+    """max(|l|, |u|): the largest |x| over the box [l, u] (exact)."""
+    return torch.maximum(l.abs(), u.abs())
+
+
+def weighted_sum(W, v):
+    """Σ_rest W·v (B, S) for W (B, S, *shape) and v (B, 1, *shape) (or broadcastable): one
+    batched matrix product when v is shared by the S rows. Where v is ±inf and W is 0 the
+    term is 0 (a zero coefficient contributes exactly nothing, whatever the bound)."""
+    v = torch.as_tensor(v, dtype=W.dtype)
+    if torch.isinf(v).any():
+        return sum_rest(torch.where(W == 0, 0.0, W * v))
+    b, s = W.shape[:2]
+    if W.dim() > 2 and v.dim() == W.dim() and v.shape[0] == b and v.shape[1] == 1 and v.shape[2:] == W.shape[2:]:
+        return torch.bmm(W.reshape(b, s, -1), v.reshape(b, -1, 1)).squeeze(-1)
+    return sum_rest(W * v)
+
+
+def scale_charge(total, n, terms):
+    """A float64 >= γ_n T for the real T of a computed ``total`` = Σ of ``terms`` rounded
+    nonnegative products (any order; BLAS may fuse): T <= total·GROW + terms·2^-1074 (the
+    second term only matters when total is subnormal), then one ulp up after the product
+    with γ_n·GROW (``gamma`` rounded, GROW covers it)."""
+    return up((total * GROW + terms * SUBNORMAL_ULP) * (gamma(n) * GROW))
+
+
+def charge(W, mag, n):
+    """A float64 >= γ_n Σ_rest |W|·mag in real arithmetic (sum over every dim after the
+    first two; ``mag`` >= 0 is an upper bound, broadcasting against W (B, S, ...))."""
+    return scale_charge(weighted_sum(W.abs(), mag), n, math.prod(W.shape[2:]))
+
+
+def gamma_charge(q, n):
+    """Elementwise float64 >= γ_n·Q + 3n·2^-1074 for a computed q (n roundings) of a
+    nonnegative Q: Q <= q·GROW + n·2^-1074, so γ_n Q <= q·γ_n·GROW² + n·2^-1074 (γ_n < 1);
+    the last product and sum are covered by the spare GROW and one ulp up."""
+    return up(q * (gamma(n) * GROW * GROW) + 3 * n * SUBNORMAL_ULP)
+
+
+def floor_charge(n, mass):
+    """A float64 >= n·2^-1074·mass: the absolute error of n rounded products that land in the
+    subnormal range, each multiplied by at most ``mass`` (e.g. 1 + Σ max|x|)."""
+    return up(torch.as_tensor(mass, dtype=torch.float64) * (n * SUBNORMAL_ULP * GROW))
 
 
 def sum_rest(t, keep=2):
@@ -64,17 +172,27 @@ class Input(Operator):
 
 @dataclass(frozen=True, kw_only=True)
 class Affine(Operator):
-    """y = M(x_1, ..., x_k) + b, linear M.
+    """y = M(x_1, ..., x_k) + c, linear M.
 
-    ``apply(p, xs, const)``: the map; ``adjoint(p, A, const)``: ([A M_k], A·b), the exact
-    transpose; ``radius(p, r)``: |M| r for the centre-radius interval (default: ``apply``,
-    right for maps whose coefficients are >= 0 and that add no constant); ``exact``:
-    an interval rule of its own (p, ins, const) -> (l, u), used instead of centre-radius."""
+    ``apply(p, xs, const)``: the map; ``adjoint(p, A, const)``: ([A M_k], A·c), the exact
+    transpose; ``radius(p, r)``: |M| r for r >= 0 (default: ``apply``, right for maps whose
+    coefficients are >= 0 and that add no constant); ``exact``: an interval rule of its own
+    (p, ins, const) -> (l, u), used instead of centre-radius, which rounds outward itself
+    when ``is_sound()``; ``exact_adjoint``: the adjoint only moves, copies or negates
+    entries (no rounding), so the backward step charges nothing.
+
+    Sound arithmetic (Higham, Accuracy and Stability, Thm 3.5 and §3.1): with n the number of
+    output entries per specification (+2), |fl(A M) - A M| <= γ_n |A||M| + n·2^-1074 and
+    |fl(A·c) - A·c| <= γ_n |A||c| + n·2^-1074 elementwise. For |x_k| <= m_k on the box,
+    the step's real error is at most γ_n Σ |A|·(Σ_k |M_k| m_k + |c|) + n·2^-1074 (1 + Σ m),
+    and Σ_k |M_k| m_k + |c| = max |y| over the symmetric box [-m, m], bounded by this
+    operator's own outward interval: so every affine operator is covered by one rule."""
 
     apply: Callable
     adjoint: Callable
     radius: Callable | None = None
     exact: Callable | None = None
+    exact_adjoint: bool = False
     inputs: int = 1
     kind: ClassVar[str] = "affine"
 
@@ -85,17 +203,39 @@ class Affine(Operator):
     def forward(self, node, xs, const=None):
         return self.apply(node.params, xs, const)
 
+    def _radius(self, p, r):
+        return self.apply(p, [r], None) if self.radius is None else self.radius(p, r)
+
     def interval(self, node, ins, const=None):
+        """Centre-radius: for x in [l, u], |x - c| <= r with c = fl((l+u)/2) and r rounded up,
+        so y lies in M c + c0 ± |M| r; evaluated in float64, each end carries the error
+        γ_n (|M|(|c| + r) + |c0|) + 3n·2^-1074 (n: input entries + 2) and one more ulp."""
         if self.exact is not None:
             return self.exact(node.params, ins, const)
         (l, u), = ins
-        mid = self.apply(node.params, [(l + u) / 2], const)
-        r = (u - l) / 2
-        rad = self.apply(node.params, [r], None) if self.radius is None else self.radius(node.params, r)
-        return mid - rad, mid + rad
+        p = node.params
+        c = (l + u) / 2
+        if not is_sound():
+            mid, rad = self.apply(p, [c], const), self._radius(p, (u - l) / 2)
+            return mid - rad, mid + rad
+        r = torch.maximum(up(c - l), up(u - c))
+        mid, rad = self.apply(p, [c], const), self._radius(p, r)
+        q = self._radius(p, c.abs() + r) + self.apply(p, [torch.zeros_like(c)], const).abs()
+        err = gamma_charge(q, math.prod(l.shape[1:]) + 2)
+        return down(down(mid - rad) - err), up(up(mid + rad) + err)
 
     def backward(self, node, A, ins, shapes, const=None, alpha=None):
-        return self.adjoint(node.params, A, const)
+        new, bias = self.adjoint(node.params, A, const)
+        if self.exact_adjoint or not is_sound():
+            return new, bias
+        ms = [magnitude(l, u) for l, u in ins]
+        lo, hi = self.interval(node, [(-m, m) for m in ms], const)
+        # NaN: an unbounded input; every nonzero coefficient then charges inf
+        mag = magnitude(lo, hi).nan_to_num(nan=math.inf)
+        n = math.prod(A.shape[2:]) + 2
+        mass = 1 + sum(sum_rest(m, 1) for m in ms)
+        err = charge(A, mag.unsqueeze(1), n) + floor_charge(n, mass).unsqueeze(1)
+        return new, sub_down(bias, err)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,15 +272,29 @@ class Elementwise(Operator):
 
     def backward(self, node, A, ins, shapes, const=None, alpha=None):
         l, u = ins[0]
-        return self.step(A, self.planes(l.unsqueeze(1), u.unsqueeze(1), alpha))
+        return self.step(A, self.planes(l.unsqueeze(1), u.unsqueeze(1), alpha), (l, u))
 
     @staticmethod
-    def step(A, planes):
+    def step(A, planes, box):
         """The backward step through given planes (lw, lb, uw, ub): the lower plane where the
-        coefficient is >= 0, the upper one where it is < 0."""
+        coefficient is >= 0, the upper one where it is < 0. ``box`` (l, u): the input's bounds.
+
+        Sound arithmetic: each coefficient is one rounded product (the other term is an exact
+        0), off by <= u|A w| + 2^-1074, so against |x| <= m it costs u Σ |A||w| m; the bias, a
+        sum of N products, is off by <= γ_(N+1) Σ |A||b| (Higham Thm 3.5) + N·2^-1074; both
+        charged together as γ_(N+1) Σ |A| (|w| m + |b|) (w, b the plane chosen by the sign)."""
         lw, lb, uw, ub = planes
         ap, an = A.clamp(min=0), A.clamp(max=0)
-        return [ap * lw + an * uw], sum_rest(ap * lb + an * ub)
+        new, bias = ap * lw + an * uw, sum_rest(ap * lb + an * ub)
+        if not is_sound():
+            return [new], bias
+        # Σ|new|·m + Σ|A b| = Σ ap (|lw| m + |lb|) + Σ |an| (|uw| m + |ub|): two products with
+        # per-entry weights instead of two more passes over A-sized tensors
+        m = magnitude(*box).unsqueeze(1)
+        n = math.prod(A.shape[2:])
+        total = weighted_sum(ap, lw.abs() * m + lb.abs()) - weighted_sum(an, uw.abs() * m + ub.abs())
+        err = scale_charge(total, n + 1, 2 * n) + floor_charge(n, 1 + sum_rest(m.squeeze(1), 1)).unsqueeze(1)
+        return [new], sub_down(bias, err)
 
 
 @dataclass(frozen=True, kw_only=True)
