@@ -202,7 +202,7 @@ def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None):
     """CROWN with the free relaxation parameters of the final specification optimised jointly
     by Adam (alpha-CROWN, Xu et al. 2021), per target class: every alpha has the spec axis S.
 
-    The parameters are those every operator declares (``_alpha_start``): the lower slope or
+    The parameters are those every operator declares (``alpha_start``): the lower slope or
     tangent point of the elementwise maps (relu, exp, reciprocal, square, rsqrt, gelu,
     gelu_tanh, tanh, sigmoid) and the McCormick interpolation of the products (mul, matmul).
     Warm start: the CROWN choice; after every Adam step each alpha is projected onto its
@@ -215,7 +215,7 @@ def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None):
     for i, node in enumerate(nodes):
         if operators is not None and node.op not in operators:
             continue
-        start = _alpha_start(state, i, C.shape[1])
+        start = alpha_start(state, i, C.shape[1])
         if start is not None:
             alphas[i], ranges[i] = start[0].requires_grad_(True), start[1]
     if not alphas or iterations <= 0:
@@ -239,7 +239,7 @@ def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None):
 ALPHA_RANGE = (0.0, 1.0)  # the range of an elementwise family's parameter (``Elementwise``)
 
 
-def _alpha_start(state, i, specs):
+def alpha_start(state, i, specs):
     """(warm start (B, S, *shape), range) of node i's free parameters, or None: the
     elementwise families declare ``slope_init(l, u)`` on their input box, the products
     ``alpha_init(batch, shape)`` and ``alpha_range``."""

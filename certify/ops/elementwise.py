@@ -149,8 +149,9 @@ def _fallback(lw, lb, uw, ub, image_lo, image_hi):
     """Where a plane is not finite (overflow, infinite ends), the image's constant plane."""
     bad_l = ~(torch.isfinite(lw) & torch.isfinite(lb))
     bad_u = ~(torch.isfinite(uw) & torch.isfinite(ub))
-    lo = torch.nan_to_num(image_lo, nan=-torch.inf)
-    hi = torch.nan_to_num(image_hi, nan=torch.inf)
+    # (nan_to_num's default would also turn ±inf into ±max float: f <= 1.8e308 is false)
+    lo = torch.where(torch.isnan(image_lo), -torch.inf, image_lo)
+    hi = torch.where(torch.isnan(image_hi), torch.inf, image_hi)
     return (torch.where(bad_l, 0.0, lw), torch.where(bad_l, lo, lb),
             torch.where(bad_u, 0.0, uw), torch.where(bad_u, hi, ub))
 
