@@ -250,6 +250,34 @@ def test_mul_planes_hypothesis(xc, xw, yc, yw, alpha):
             assert alo * x + b * y + clo <= x * y <= ahi * x + b * y + chi
 
 
+SCALES = st.sampled_from([1e-12, 1e-6, 1.0, 1e3, 1e6])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(["mul", "matmul"]), st.integers(0, 2**31), SCALES, SCALES, st.booleans())
+def test_product_step_hypothesis(op, seed, centre, width, with_alpha):
+    """The exact vertex check over boxes of tiny to huge widths on both sides of 0."""
+    gen = torch.Generator().manual_seed(seed)
+    x_shape, y_shape, z_shape = ((1, 2), (1, 2), (1, 2)) if op == "mul" else ((1, 2, 2), (1, 2, 1), (1, 2, 1))
+    r = lambda s: torch.randn(1, *s, generator=gen, dtype=F64)  # noqa: E731
+    xl, yl = r(x_shape) * centre, r(y_shape) * centre
+    xu, yu = xl + r(x_shape).abs() * width, yl + r(y_shape).abs() * width
+    A = torch.randn(1, 1, *z_shape, generator=gen, dtype=F64)
+    alpha = torch.rand(1, 1, *z_shape, generator=gen, dtype=F64) if with_alpha else None
+    _exact_step_check(op, A, (xl, xu), (yl, yu), x_shape, y_shape, alpha)
+
+
+def test_square_image_encloses_exactly():
+    gen = torch.Generator().manual_seed(32)
+    l = -3 + 6 * torch.rand(300, generator=gen, dtype=F64)
+    u = l + 3 * torch.rand(300, generator=gen, dtype=F64)
+    lo, hi = ops.get("square").image(l, u)
+    for li, ui, a, b in zip(*(t.tolist() for t in (l, u, lo, hi))):
+        ends = [Fraction(li) ** 2, Fraction(ui) ** 2]
+        least = 0 if li <= 0 <= ui else min(ends)
+        assert Fraction(a) <= least and max(ends) <= Fraction(b)
+
+
 def test_matmul_interval_is_outward_exactly():
     gen = torch.Generator().manual_seed(23)
     xl = torch.randn(1, 2, 3, generator=gen, dtype=F64)
@@ -306,7 +334,7 @@ def test_random_alphas_in_range_stay_sound_on_a_zoo_model():
     model, x, y, g, state, C, (lo, hi) = _setup("digits-vit1", 1, 0.03)
     gen = torch.Generator().manual_seed(1)
     alphas = {}
-    for i, node in enumerate(g.nodes):
+    for i in range(len(g.nodes)):
         start = crown.alpha_start(state, i, C.shape[1])
         if start is not None:
             a, (rlo, rhi) = start

@@ -28,7 +28,6 @@ folded into the radius and the matmul errors charged (matmul).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
