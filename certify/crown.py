@@ -279,29 +279,60 @@ def ibp_lower(state, C):
     return _concretise(C.new_zeros(C.shape[:2]), C, l, u, _mode(state) == "sound")
 
 
-def alpha_crown(state, C, iterations=20, lr=0.1):
-    """CROWN with the ReLU lower slopes of the final specification optimised by Adam
-    (Xu et al. 2021); every slope in [0, 1] gives a sound bound, the best per row is kept."""
+def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None):
+    """CROWN with the free relaxation parameters of the final specification optimised jointly
+    by Adam (alpha-CROWN, Xu et al. 2021), per target class: every alpha has the spec axis S.
+
+    The parameters are those every operator declares (``alpha_start``): the lower slope or
+    tangent point of the elementwise maps (relu, exp, reciprocal, square, rsqrt, gelu,
+    gelu_tanh, tanh, sigmoid) and the McCormick interpolation of the products (mul, matmul).
+    Warm start: the CROWN choice; after every Adam step each alpha is projected onto its
+    range, where every value gives a sound bound, so the optimisation only changes
+    tightness; the best bound per row over all steps is kept. ``operators``: the names of
+    the operators to optimise (None: all; ("relu",): the ReLU-only alpha-CROWN)."""
     nodes = state.g.nodes
-    free = [i for i, n in enumerate(nodes) if getattr(n.operator, "slope_init", None) is not None]
     best = backward(state, state.g.output, C)
-    if not free:
+    alphas, ranges = {}, {}
+    for i, node in enumerate(nodes):
+        if operators is not None and node.op not in operators:
+            continue
+        start = alpha_start(state, i, C.shape[1])
+        if start is not None:
+            alphas[i], ranges[i] = start[0].requires_grad_(True), start[1]
+    if not alphas or iterations <= 0:
         return best
-    alphas = {}
-    for i in free:
-        l, u = state.bounds[nodes[i].inputs[0]]
-        init = nodes[i].operator.slope_init(l, u).unsqueeze(1).expand(-1, C.shape[1], *l.shape[1:])
-        alphas[i] = init.clone().requires_grad_(True)
     opt = torch.optim.Adam(list(alphas.values()), lr=lr)
     for _ in range(iterations):
-        lo = backward(state, state.g.output, C, alphas={k: a.clamp(0, 1) for k, a in alphas.items()})
+        lo = backward(state, state.g.output, C, alphas=alphas)
         best = torch.maximum(best, lo.detach())
         opt.zero_grad()
-        (-lo.sum()).backward()
+        # rows already at -inf or NaN (no information) must not poison the others' steps
+        (-torch.where(torch.isfinite(lo), lo, 0.0).sum()).backward()
         opt.step()
         with torch.no_grad():
-            for a in alphas.values():
-                a.clamp_(0, 1)
+            for i, a in alphas.items():
+                a.clamp_(*ranges[i])
     with torch.no_grad():
         lo = backward(state, state.g.output, C, alphas=alphas)
     return torch.maximum(best, lo)
+
+
+ALPHA_RANGE = (0.0, 1.0)  # the range of an elementwise family's parameter (``Elementwise``)
+
+
+def alpha_start(state, i, specs):
+    """(warm start (B, S, *shape), range) of node i's free parameters, or None: the
+    elementwise families declare ``slope_init(l, u)`` on their input box, the products
+    ``alpha_init(batch, shape)`` and ``alpha_range``."""
+    node = state.g.nodes[i]
+    op = node.operator
+    with torch.no_grad():
+        if op.kind == "elementwise" and getattr(op, "slope_init", None) is not None:
+            l, u = state.bounds[node.inputs[0]]
+            init, rng = op.slope_init(l, u), ALPHA_RANGE
+        elif op.kind == "bilinear" and callable(getattr(op, "alpha_init", None)):
+            init, rng = op.alpha_init(state.batch, node.shape), op.alpha_range
+        else:
+            return None
+        init = init.to(torch.float64).unsqueeze(1)
+        return init.expand(-1, specs, *init.shape[2:]).clone(), rng

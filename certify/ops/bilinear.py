@@ -1,15 +1,59 @@
-"""Products of two perturbed tensors: elementwise ``mul`` and ``matmul``.
+"""Products of two perturbed tensors, ``mul`` and ``matmul``, with optimisable McCormick planes.
 
-The backward step uses McCormick planes (Shi et al. 2020):
-  x·y >= y_l x + x_l y - x_l y_l,   x·y <= y_u x + x_l y - x_l y_u,
-choosing per coefficient sign the plane on the safe side. Intervals: the four corner
-products (mul), centre-radius interval matrix product (matmul).
+For x in [x_l, x_u], y in [y_l, y_u] the McCormick planes (McCormick 1976; Shi et al. 2020)
+  L1 = y_l x + x_l y - x_l y_l,  L2 = y_u x + x_u y - x_u y_u   (x·y >= both),
+  U1 = y_u x + x_l y - x_l y_u,  U2 = y_l x + x_u y - x_u y_l   (x·y <= both)
+give the families x·y >= alpha L1 + (1 - alpha) L2 and x·y <= alpha U1 + (1 - alpha) U2,
+alpha in [0, 1] (every convex combination of valid planes is valid). A coefficient of one
+sign uses one side only, so one alpha per output element serves both: the lower family
+where the coefficient is >= 0, the upper one where it is < 0. alpha = 1 is the CROWN
+choice (L1 and U1, the planes used before alpha existed). For ``matmul`` the alpha of the
+output element (i, j) is shared by its k products X_ik Y_kj: it has the shape of the
+coefficient tensor (B, S, ..., n, m), so alpha-CROWN costs no more memory than CROWN, where
+one alpha per product would cost k times that (a (B, S, ..., n, k, m) tensor).
+
+Soundness under rounding (the contract of ``certify.ops.core``): the returned (new, bias)
+satisfy A·(x∘y) >= Σ new·in + bias for every real input in the boxes.
+- ``mul``: per element the slopes a = alpha y_l + (1 - alpha) y_u, b = alpha x_l + (1 -
+  alpha) x_u are any floats; x y - a x - b y is bilinear, so its min (max) over the box is
+  at one of the 4 corners: the intercept is that corner value rounded outward. The step's
+  own products and sums are charged as γ_{N+3} Σ|A|(|a| max|x| + |b| max|y| + |c|).
+- ``matmul``: the planes are the exact real combinations; the float error of the whole step
+  (the coefficient matmuls, fl(1 - alpha), the bias) is at most
+  (γ_{m+4} + γ_{n+4} + γ_{k+N+8}) Σ|A| (max|X| @ max|Y|) (Higham, Thm 3.5, for each
+  matmul; the coefficient errors are weighted by max|in| over the box), charged into the
+  bias. (Per-product corners would need the (n, k, m) tensor this avoids.)
+Intervals: corner products rounded outward (mul); centre-radius with the centre's rounding
+folded into the radius and the matmul errors charged (matmul).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from certify.ops.core import Bilinear, register, sum_rest
+from kernels.floating import SUBNORMAL_ULP, U64, gamma
+
+U = U64
+#: absolute allowance per unit of Σ max|in| for products that underflow (each off by at most
+#: SUBNORMAL_ULP ~ 4.9e-324; any count below 1e20 of them stays far below this)
+ABS = 1e-300
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimisableBilinear(Bilinear):
+    """A ``Bilinear`` whose ``relax(A, xb, yb, x_shape, y_shape, alpha)`` takes the McCormick
+    interpolation ``alpha`` (B, S, *out), range ``alpha_range``; ``alpha_init(batch, shape)``
+    is the CROWN choice (ones)."""
+
+    alpha_range: tuple = (0.0, 1.0)
+
+    def backward(self, node, A, ins, shapes, const=None, alpha=None):
+        return self.relax(A, ins[0], ins[1], shapes[0], shapes[1], alpha)
+
+    def alpha_init(self, batch, shape):
+        return torch.ones(batch, *shape, dtype=torch.float64)
 
 
 def _sum_to(t, shape):
@@ -21,45 +65,124 @@ def _sum_to(t, shape):
     return t.sum(dim=dims, keepdim=True) if dims else t
 
 
-def mccormick_mul(A, xb, yb, x_shape, y_shape):
+def _absmax(b):
+    lo, hi = b
+    return torch.maximum(lo.abs(), hi.abs())
+
+
+def _times(a, b):
+    # 0·inf = 0: a zero coefficient takes nothing from an unbounded input
+    return torch.where(a == 0, 0.0, a * b)
+
+
+def _corner(x, y, a, b):
+    """(float, error bound) of x y - a x - b y at float x, y."""
+    xy, ax, by = x * y, a * x, b * y
+    return xy - ax - by, 3 * U * (xy.abs() + ax.abs() + by.abs()) + 3 * SUBNORMAL_ULP
+
+
+def mul_planes(xb, yb, alpha=None):
+    """Per element ((a_lo, b, c_lo), (a_hi, b, c_hi)): a x + b y + c is below (above) x·y on
+    the box, c certified at the corners. Shapes broadcast (boxes (B, 1, ...), alpha (B, S, ...))."""
+    (xl, xu), (yl, yu) = xb, yb
+    if alpha is None:
+        alpha = torch.ones((), dtype=xl.dtype)
+    beta = 1 - alpha
+    a_lo, a_hi = alpha * yl + beta * yu, alpha * yu + beta * yl
+    b = alpha * xl + beta * xu
+    c_lo = c_hi = None
+    for x in (xl, xu):
+        for y in (yl, yu):
+            v, e = _corner(x, y, a_lo, b)
+            lo = v - (e * (1 + 4 * U) + 4 * U * v.abs())
+            c_lo = lo if c_lo is None else torch.minimum(c_lo, lo)
+            v, e = _corner(x, y, a_hi, b)
+            hi = v + (e * (1 + 4 * U) + 4 * U * v.abs())
+            c_hi = hi if c_hi is None else torch.maximum(c_hi, hi)
+    return (a_lo, b, c_lo), (a_hi, b, c_hi)
+
+
+def mccormick_mul(A, xb, yb, x_shape, y_shape, alpha=None):
     """Lower-bound step for z = x ⊙ y (broadcasting): returns ([A_x, A_y], bias)."""
-    (xl, _), (yl, yu) = xb, yb
-    xl, yl, yu = xl.unsqueeze(1), yl.unsqueeze(1), yu.unsqueeze(1)
-    ap, an = A.clamp(min=0), A.clamp(max=0)
-    ax = _sum_to(ap * yl + an * yu, x_shape)
-    ay = _sum_to(A * xl, y_shape)
-    bias = -sum_rest(ap * xl * yl + an * xl * yu)
-    return [ax, ay], bias
+    xb = tuple(t.unsqueeze(1) for t in xb)
+    yb = tuple(t.unsqueeze(1) for t in yb)
+    (a_lo, b, c_lo), (a_hi, _, c_hi) = mul_planes(xb, yb, alpha)
+    pos = A >= 0
+    a, c = torch.where(pos, a_lo, a_hi), torch.where(pos, c_lo, c_hi)
+    ax = _sum_to(A * a, x_shape)
+    ay = _sum_to(A * b, y_shape)
+    W = A.abs()
+    size = W[0, 0].numel()
+    xm, ym = _absmax(xb), _absmax(yb)
+    load = sum_rest(_times(W, a.abs() * xm + b.abs() * ym + c.abs()))
+    g = gamma(size + 3)
+    floor = ABS * (1 + sum_rest(_times(W, 1 + xm + ym)))
+    charge = load * (g * (1 + 2 * g)) + floor
+    return [ax, ay], sum_rest(A * c) - charge
 
 
-def mccormick_matmul(A, xb, yb, x_shape, y_shape):
-    """Lower-bound step for Z = X @ Y (X (.., n, k), Y (.., k, m)) with McCormick planes."""
-    (xl, _), (yl, yu) = xb, yb
-    xl, yl, yu = xl.unsqueeze(1), yl.unsqueeze(1), yu.unsqueeze(1)
+def mccormick_matmul(A, xb, yb, x_shape, y_shape, alpha=None):
+    """Lower-bound step for Z = X @ Y (X (.., n, k), Y (.., k, m)) with the planes of the
+    module docstring, one alpha per output element (default 1: L1 / U1)."""
+    (xl, xu), (yl, yu) = (tuple(t.unsqueeze(1) for t in b) for b in (xb, yb))
     ap, an = A.clamp(min=0), A.clamp(max=0)
-    ax = ap @ yl.transpose(-1, -2) + an @ yu.transpose(-1, -2)
-    ay = xl.transpose(-1, -2) @ A
-    bias = -sum_rest(ap * (xl @ yl) + an * (xl @ yu))
-    return [ax, ay], bias
+    ylt, yut = yl.transpose(-1, -2), yu.transpose(-1, -2)
+    if alpha is None:
+        ax = ap @ ylt + an @ yut
+        ay = xl.transpose(-1, -2) @ A
+        bias = -sum_rest(ap * (xl @ yl) + an * (xl @ yu))
+    else:
+        beta = 1 - alpha
+        pa, pb, na, nb = ap * alpha, ap * beta, an * alpha, an * beta
+        ax = (pa + nb) @ ylt + (pb + na) @ yut
+        ay = xl.transpose(-1, -2) @ (A * alpha) + xu.transpose(-1, -2) @ (A * beta)
+        bias = -sum_rest(pa * (xl @ yl) + pb * (xu @ yu) + na * (xl @ yu) + nb * (xu @ yl))
+    n, k, m = xl.shape[-2], xl.shape[-1], yl.shape[-1]
+    size = A[0, 0].numel()
+    xm, ym = _absmax((xl, xu)), _absmax((yl, yu))
+    xym = xm @ ym
+    load = sum_rest(_times(A.abs(), xym))
+    g = gamma(m + 4) + gamma(n + 4) + gamma(k + size + 8)
+    floor = ABS * (1 + sum_rest(xm) + sum_rest(ym) + sum_rest(xym))
+    charge = load * (g * (1 + 2 * gamma(k + size + 2))) + floor
+    return [ax, ay], bias - charge
 
 
 def interval_mul(xb, yb):
+    """The four corner products (each correctly rounded), one ulp outward."""
     (xl, xu), (yl, yu) = xb, yb
     c = torch.stack([xl * yl, xl * yu, xu * yl, xu * yu])
     c = torch.nan_to_num(c, nan=0.0, posinf=torch.inf, neginf=-torch.inf)  # 0·inf: the 0 factor wins
-    return c.min(0).values, c.max(0).values
+    lo, hi = c.min(0).values, c.max(0).values
+    return (torch.nextafter(lo, torch.full_like(lo, -torch.inf)),
+            torch.nextafter(hi, torch.full_like(hi, torch.inf)))
 
 
 def interval_matmul(xb, yb):
+    """Centre-radius: X Y in Xc Yc ± (|Xc| Yr + Xr |Yc| + Xr Yr) with Xr >= max(Xu - Xc,
+    Xc - Xl) rounded up (so the box is enclosed whatever Xc's rounding), and the float error
+    of the four matmuls and two sums, γ_{k+4} of (|Xc| + Xr)(|Yc| + Yr), charged outward."""
     (xl, xu), (yl, yu) = xb, yb
-    xc, xr = (xl + xu) / 2, (xu - xl) / 2
-    yc, yr = (yl + yu) / 2, (yu - yl) / 2
+
+    def centre_radius(lo, hi):
+        c = (lo + hi) / 2
+        r = torch.maximum(hi - c, c - lo)
+        return c, torch.nextafter(r, torch.full_like(r, torch.inf))
+    xc, xr = centre_radius(xl, xu)
+    yc, yr = centre_radius(yl, yu)
     mid = xc @ yc
     rad = xr @ yc.abs() + xc.abs() @ yr + xr @ yr
-    return mid - rad, mid + rad
+    k = xl.shape[-1]
+    scale = (xc.abs() + xr) @ (yc.abs() + yr)
+    err = scale * (gamma(k + 4) * (1 + 2 * gamma(k + 2))) + ABS * (1 + k)
+    lo, hi = mid - rad - err, mid + rad + err
+    # the last two sums: 2u relative
+    lo, hi = lo - 2 * U * lo.abs(), hi + 2 * U * hi.abs()
+    return (torch.nextafter(lo, torch.full_like(lo, -torch.inf)),
+            torch.nextafter(hi, torch.full_like(hi, torch.inf)))
 
 
-register(Bilinear(name="mul", description="x ⊙ y (broadcasting)", fn=lambda x, y: x * y,
-                  image=interval_mul, relax=mccormick_mul))
-register(Bilinear(name="matmul", description="X @ Y over the last two axes", fn=lambda x, y: x @ y,
-                  image=interval_matmul, relax=mccormick_matmul))
+register(OptimisableBilinear(name="mul", description="x ⊙ y (broadcasting)", fn=lambda x, y: x * y,
+                             image=interval_mul, relax=mccormick_mul))
+register(OptimisableBilinear(name="matmul", description="X @ Y over the last two axes",
+                             fn=lambda x, y: x @ y, image=interval_matmul, relax=mccormick_matmul))

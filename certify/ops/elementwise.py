@@ -1,90 +1,249 @@
-"""Elementwise operators with their sound linear relaxations and exact image intervals.
+"""Elementwise operators with optimisable, rounding-sound linear relaxations.
 
-``planes(l, u, alpha)`` returns (lw, lb, uw, ub) with lw·x + lb <= f(x) <= uw·x + ub for
-all x in [l, u] (elementwise); ``image(l, u)`` is the exact image interval (every function
-here is monotone or convex). Sources: CROWN (Zhang et al. 2018) for ReLU, exp and
-reciprocal, as used for attention by Shi et al. 2020; a convex function gets a tangent
-below and the chord above. Degenerate intervals use a secant slope that stays on the safe
-side (see ``_chord``).
+``planes(l, u, alpha)`` returns float64 (lw, lb, uw, ub) with lw·x + lb <= f(x) <= uw·x + ub
+for every real x in [l, u], in exact real arithmetic; ``image(l, u)`` encloses the real
+image, rounded outward. Sources: CROWN (Zhang et al. 2018) for ReLU, exp and reciprocal, as
+used for attention by Shi et al. 2020; alpha-CROWN (Xu et al. 2021) for the free tangent point.
+
+Families (``alpha`` broadcasts with l, u, e.g. (B, S, *shape) in alpha-CROWN; range [0, 1]):
+- relu: lower slope alpha on crossing intervals (default 1 if u > -l else 0, CROWN);
+- exp, reciprocal, square, rsqrt (convex): lower plane = tangent at m = l + alpha (u - l);
+  default alpha: exp min(1/2, 0.99/(u - l)) (Shi et al. 2020), the others 1/2 (the
+  midpoint); the chord stays above. The softmax of our graphs is lowered to softmax_shift
+  (affine), exp, sum, reciprocal and mul (``certify.lowering``), so these families with the
+  bilinear ones (``certify.ops.bilinear``) make every piece of it optimisable.
+Soundness under rounding: the slope is any float (chosen freely), the intercept certified.
+For a convex f, g(x) = f(x) - s x is convex, so (a) its max on [l, u] is at an end point and
+(b) g(x) >= g(m) + g'(m)(x - m) with |g'(m)| = |f'(m) - s| <= the slope's error bound:
+lb = g(m) - err_s·max(m - l, u - m), ub = max(g(l), g(u)), each value of f and f' carrying a
+proven error (``Convex``) and every float operation charged (``_round_down``). Boxes where
+this is not finite (overflow, infinite ends) fall back to the constant planes of the image.
+Assumption: float64 exp within EXP_ULPS ulp (``kernels.floating``); sqrt and division are
+correctly rounded (IEEE 754).
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from certify.ops.core import Elementwise, register
+from kernels.floating import EXP_ABS, EXP_REL, SUBNORMAL_ULP, U64
+
+U = U64
+#: absolute error floor of one value or slope near the subnormal range (e.g. 1/x² for
+#: x > 1e154 rounds to 0 while the true value is below 1e-308)
+ABS = 1e-300
+
+
+def _round_down(v, err):
+    """A float <= every real within ``err`` of the float v (err >= the error of v itself):
+    v - err(1 + 4u) - 4u|v| covers the rounding of the subtraction."""
+    return v - (err * (1 + 4 * U) + 4 * U * v.abs() + SUBNORMAL_ULP)
+
+
+def _round_up(v, err):
+    return v + (err * (1 + 4 * U) + 4 * U * v.abs() + SUBNORMAL_ULP)
+
+
+@dataclass(frozen=True)
+class Convex:
+    """A convex f with proven float64 errors: ``value(x)``, ``slope(x)`` -> (float, error
+    bound) of f(x) and f'(x) at float x; ``default(l, u)``: the CROWN tangent parameter."""
+
+    value: Callable
+    slope: Callable
+    default: Callable
+
+
+def _exp_value(x):
+    v = torch.exp(x)
+    return v, v * EXP_REL + EXP_ABS
+
+
+def _recip_value(x):
+    v = 1 / x
+    return v, v.abs() * U + SUBNORMAL_ULP
+
+
+def _recip_slope(x):
+    # -1/(x·x): two correctly rounded operations
+    d = -1 / (x * x)
+    return d, d.abs() * 3 * U + ABS
+
+
+def _square_value(x):
+    v = x * x
+    return v, v * U + SUBNORMAL_ULP
+
+
+def _square_slope(x):
+    return 2 * x, torch.zeros_like(x)  # exact (a power-of-two scaling)
+
+
+def _rsqrt_value(x):
+    # 1/sqrt(x): sqrt and division correctly rounded, (1 + u)/(1 - u) - 1 < 2.01u
+    v = 1 / torch.sqrt(x)
+    return v, v * 3 * U + SUBNORMAL_ULP
+
+
+def _rsqrt_slope(x):
+    # -0.5 r / x with r = 1/sqrt(x) (2.01u) and one division (u); the 0.5 is exact
+    d = -0.5 * (1 / torch.sqrt(x)) / x
+    return d, d.abs() * 5 * U + ABS
+
+
+def _half(l, u):
+    return torch.full_like(torch.as_tensor(l + u), 0.5)
+
+
+def _exp_default(l, u):
+    """Shi et al. 2020: tangent at min((l+u)/2, l + 0.99), i.e. alpha = min(1/2, 0.99/(u-l))."""
+    w = u - l
+    return torch.where(w > 0, (0.99 / torch.where(w > 0, w, 1.0)).clamp(max=0.5), 0.5)
+
+
+CONVEX = {
+    "exp": Convex(_exp_value, _exp_value, _exp_default),
+    "reciprocal": Convex(_recip_value, _recip_slope, _half),
+    "square": Convex(_square_value, _square_slope, _half),
+    "rsqrt": Convex(_rsqrt_value, _rsqrt_slope, _half),
+}
+
+
+def _g(f, s, x):
+    """(float, error bound) of g(x) = f(x) - s x at float x."""
+    v, e = f.value(x)
+    sx = s * x
+    return v - sx, e + 2 * U * (v.abs() + sx.abs())
+
+
+def tangent_plane(f, l, u, alpha):
+    """Lower plane of the convex ``f`` touching at m = l + alpha (u - l): (s, certified lb)."""
+    m = torch.minimum(torch.maximum(l + alpha.clamp(0, 1) * (u - l), l), u)
+    s, es = f.slope(m)
+    g, eg = _g(f, s, m)
+    spread = torch.maximum(m - l, u - m) * (1 + 4 * U)
+    # 0·inf (an exact slope over an infinite spread) is 0, not NaN
+    drift = torch.where(es == 0, 0.0, es * spread)
+    return s, _round_down(g, eg + drift)
+
+
+def chord_plane(f, l, u):
+    """Upper plane of the convex ``f`` on [l, u]: the chord slope (f'(l) below TINY_WIDTH,
+    where the difference quotient is noise) and ub = max(g(l), g(u)) rounded up."""
+    w = u - l
+    wide = w > TINY_WIDTH
+    fl, fu = f.value(l)[0], f.value(u)[0]
+    s = torch.where(wide, (fu - fl) / torch.where(wide, w, 1.0), f.slope(l)[0])
+    gl, el = _g(f, s, l)
+    gu, eu = _g(f, s, u)
+    return s, torch.maximum(_round_up(gl, el), _round_up(gu, eu))
+
 
 TINY_WIDTH = 1e-7
 
 
-def _chord(f, fprime_lo, l, u):
-    """Upper chord of a convex f on [l, u]; for tiny widths the line through (u, f(u)) with
-    slope f'(l), which is above the convex f on [l, u] (f' is increasing)."""
-    w = u - l
-    wide = w > TINY_WIDTH
-    fu, fl = f(u), f(l)
-    slope = torch.where(wide, (fu - fl) / torch.where(wide, w, 1.0), fprime_lo)
-    return slope, fu - slope * u
+def _fallback(lw, lb, uw, ub, image_lo, image_hi):
+    """Where a plane is not finite (overflow, infinite ends), the image's constant plane."""
+    bad_l = ~(torch.isfinite(lw) & torch.isfinite(lb))
+    bad_u = ~(torch.isfinite(uw) & torch.isfinite(ub))
+    # (nan_to_num's default would also turn ±inf into ±max float: f <= 1.8e308 is false)
+    lo = torch.where(torch.isnan(image_lo), -torch.inf, image_lo)
+    hi = torch.where(torch.isnan(image_hi), torch.inf, image_hi)
+    return (torch.where(bad_l, 0.0, lw), torch.where(bad_l, lo, lb),
+            torch.where(bad_u, 0.0, uw), torch.where(bad_u, hi, ub))
 
 
-def _tangent(f, fp, m):
-    s = fp(m)
-    return s, f(m) - s * m
+def convex_planes(name, image):
+    """planes(l, u, alpha) of the convex family ``name`` (see the module docstring)."""
+    f = CONVEX[name]
+
+    def planes(l, u, alpha=None):
+        l, u = torch.as_tensor(l, dtype=torch.float64), torch.as_tensor(u, dtype=torch.float64)
+        l = torch.minimum(l, u)
+        if alpha is None:
+            alpha = f.default(l, u)
+        alpha = torch.as_tensor(alpha, dtype=torch.float64)
+        # the spec axis of alpha broadcasts against the (B, 1, ...) boxes
+        lw, lb = tangent_plane(f, l, u, alpha)
+        uw, ub = chord_plane(f, l, u)
+        ilo, ihi = image(l, u)
+        lw, lb, uw, ub = torch.broadcast_tensors(lw, lb, uw, ub)
+        ilo, ihi = ilo.expand(lw.shape), ihi.expand(lw.shape)
+        return _fallback(lw, lb, uw, ub, ilo, ihi)
+    return planes
+
+
+def _positive(name, planes):
+    def checked(l, u, alpha=None):
+        if bool((torch.as_tensor(l) <= 0).any()):
+            raise ValueError(f"{name}: input interval must be positive")
+        return planes(l, u, alpha)
+    return checked
 
 
 def relu_planes(l, u, alpha=None):
-    """Upper: the chord on crossing intervals; lower: slope alpha in [0, 1] (default 1 if
-    u > -l else 0, the CROWN choice)."""
-    l, u = torch.minimum(l, u), u
+    """Upper: the chord on crossing intervals, its intercept max(uw·(-l), u - uw·u) rounded
+    up; lower: slope alpha in [0, 1] through 0 (exact), default 1 if u > -l else 0 (CROWN)."""
+    l = torch.minimum(l, u)
     active, dead = l >= 0, u <= 0
     cross = ~(active | dead)
     den = torch.where(cross, u - l, 1.0)
     uw = torch.where(active, 1.0, torch.where(cross, u / den, 0.0))
-    ub = torch.where(cross, -u * l / den, 0.0)
+    at_l = -uw * l
+    at_u = u - uw * u
+    ub = torch.maximum(at_l + 2 * U * at_l.abs(), at_u + 4 * U * (u.abs() + at_u.abs())) + SUBNORMAL_ULP
+    ub = torch.where(cross, ub, 0.0)
     if alpha is None:
         alpha = (u > -l).to(l.dtype)
     lw = torch.where(active, 1.0, torch.where(cross, alpha.clamp(0, 1), 0.0))
-    return lw, torch.zeros_like(l), uw, ub
+    return lw, torch.zeros_like(lw), uw, ub
 
 
-def exp_planes(l, u, alpha=None):
-    """Tangent at min((l+u)/2, l+0.99) below (Shi et al. 2020: well conditioned), chord above."""
-    m = torch.minimum((l + u) / 2, l + 0.99)
-    lw, lb = _tangent(torch.exp, torch.exp, m)
-    uw, ub = _chord(torch.exp, torch.exp(l), l, u)
-    return lw, lb, uw, ub
+def _down(t):
+    return torch.nextafter(t, torch.full_like(t, -torch.inf))
 
 
-def reciprocal_planes(l, u, alpha=None):
-    """1/x on x > 0 is convex decreasing: tangent at the midpoint below, chord above."""
-    if (l <= 0).any():
-        raise ValueError("reciprocal: input interval must be positive")
-    m = (l + u) / 2
-    lw, lb = _tangent(lambda t: 1 / t, lambda t: -1 / t**2, m)
-    uw, ub = _chord(lambda t: 1 / t, -1 / l**2, l, u)
-    return lw, lb, uw, ub
+def _up(t):
+    return torch.nextafter(t, torch.full_like(t, torch.inf))
 
 
-def square_planes(l, u, alpha=None):
-    """x² is convex: tangent at the midpoint below, chord above."""
-    m = (l + u) / 2
-    lw, lb = _tangent(lambda t: t * t, lambda t: 2 * t, m)
-    uw, ub = _chord(lambda t: t * t, 2 * l, l, u)
-    return lw, lb, uw, ub
+def exp_image(l, u):
+    """[exp(l), exp(u)] widened by EXP_REL (+ EXP_ABS below the normal range) and one ulp."""
+    (vl, el), (vu, eu) = _exp_value(l), _exp_value(u)
+    return _down(vl - el).clamp(min=0), _up(vu + eu)
 
 
-def rsqrt_planes(l, u, alpha=None):
-    """x^(-1/2) on x > 0 is convex decreasing: tangent at the midpoint below, chord above."""
-    if (l <= 0).any():
-        raise ValueError("rsqrt: input interval must be positive")
-    m = (l + u) / 2
-    lw, lb = _tangent(torch.rsqrt, lambda t: -0.5 * t**-1.5, m)
-    uw, ub = _chord(torch.rsqrt, -0.5 * l**-1.5, l, u)
-    return lw, lb, uw, ub
+def reciprocal_image(l, u):
+    """[1/u, 1/l], each correctly rounded, one ulp outward."""
+    return _down(1 / u).clamp(min=0), _up(1 / l)
 
 
-def _square_image(l, u):
-    lo = torch.where((l <= 0) & (u >= 0), 0.0, torch.minimum(l * l, u * u))
-    return lo, torch.maximum(l * l, u * u)
+def square_image(l, u):
+    lo = torch.where((l <= 0) & (u >= 0), 0.0, _down(torch.minimum(l * l, u * u)).clamp(min=0))
+    return lo, _up(torch.maximum(l * l, u * u))
+
+
+def rsqrt_image(l, u):
+    (vu, eu), (vl, el) = _rsqrt_value(u), _rsqrt_value(l)
+    return _down(vu - eu).clamp(min=0), _up(vl + el)
+
+
+exp_planes = convex_planes("exp", exp_image)
+reciprocal_planes = _positive("reciprocal", convex_planes("reciprocal", reciprocal_image))
+square_planes = convex_planes("square", square_image)
+rsqrt_planes = _positive("rsqrt", convex_planes("rsqrt", rsqrt_image))
+
+
+def _init(name):
+    default = CONVEX[name].default
+
+    @torch.no_grad()
+    def init(l, u):
+        return default(l, u).expand(torch.broadcast_shapes(l.shape, u.shape)).clone()
+    return init
 
 
 register(Elementwise(name="relu", description="max(x, 0)", fn=torch.relu,
@@ -92,14 +251,14 @@ register(Elementwise(name="relu", description="max(x, 0)", fn=torch.relu,
                      monotone=True, convex=True, value_range=(0.0, None),
                      slope_init=lambda l, u: (u > -l).to(l.dtype)))
 register(Elementwise(name="exp", description="exp(x)", fn=torch.exp,
-                     image=lambda l, u: (torch.exp(l), torch.exp(u)), planes=exp_planes,
+                     image=exp_image, planes=exp_planes, slope_init=_init("exp"),
                      monotone=True, convex=True, value_range=(0.0, None)))
 register(Elementwise(name="reciprocal", description="1/x on x > 0", fn=lambda t: 1.0 / t,
-                     image=lambda l, u: (1 / u, 1 / l), planes=reciprocal_planes,
+                     image=reciprocal_image, planes=reciprocal_planes, slope_init=_init("reciprocal"),
                      monotone=True, convex=True, domain=(0.0, None), value_range=(0.0, None)))
 register(Elementwise(name="square", description="x²", fn=lambda t: t * t,
-                     image=_square_image, planes=square_planes,
+                     image=square_image, planes=square_planes, slope_init=_init("square"),
                      convex=True, value_range=(0.0, None)))
 register(Elementwise(name="rsqrt", description="x^(-1/2) on x > 0", fn=torch.rsqrt,
-                     image=lambda l, u: (torch.rsqrt(u), torch.rsqrt(l)), planes=rsqrt_planes,
+                     image=rsqrt_image, planes=rsqrt_planes, slope_init=_init("rsqrt"),
                      monotone=True, convex=True, domain=(0.0, None), value_range=(0.0, None)))
