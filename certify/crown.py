@@ -34,8 +34,8 @@ ARITHMETIC = ("Sound float64: bounds enclose the real-arithmetic function of the
               "concretisation, Vertex-Softmax c) is charged gamma_n |A||B| (Higham, Thm 3.5; n its "
               "length, gamma from kernels.floating) against max|x| of the node's bounds, bias and "
               "interval ends moved one ulp outward (nextafter). Relaxation planes and exp/log-type "
-              "intervals are the operators' own (certify.ops; libm within their stated ulps; pending "
-              "branch relax13, the McCormick steps of mul/matmul do not yet charge their rounding); "
+              "intervals are the operators' own (certify.ops: certified intercepts and self-charged "
+              "steps, libm within their stated ulps); "
               "Vertex-Softmax assumes exp within 2 ulp (bounds.vertex_softmax). No heuristic widening.")
 #: the old relative widening, used only with arithmetic="plain" (no proof rests on it)
 SLACK = 1e-9

@@ -372,16 +372,10 @@ MP_FUNCS = {"exp": mpmath.exp, "reciprocal": lambda t: 1 / t, "rsqrt": lambda t:
             "gelu": lambda t: t * mpmath.ncdf(t),
             "gelu_tanh": lambda t: t / 2 * (1 + mpmath.tanh(mpmath.sqrt(2 / mpmath.pi) * (t + MPF("0.044715") * t**3)))}
 POSITIVE = {"reciprocal", "rsqrt", "sqrt"}
-# relax13 makes these sound (certify/ops/elementwise.py, bilinear.py); flip after the merge
-RELAX13 = {"exp", "reciprocal", "square", "rsqrt", "relu", "mul", "matmul"}
 
 
 def _params(names):
-    out = []
-    for name in names:
-        marks = [pytest.mark.xfail(strict=False, reason="relax13")] if name in RELAX13 else []
-        out.append(pytest.param(name, marks=marks, id=name))
-    return out
+    return [pytest.param(name, id=name) for name in names]
 
 
 def _exact_out(name, node, xs, const):
