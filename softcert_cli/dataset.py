@@ -159,7 +159,8 @@ def add_arguments(parser, default_store: str) -> None:
 class RunResult:
     """``evaluations``: model spec -> ``certify.Evaluation`` rebuilt from the store;
     ``ran``/``skipped``: images computed now / already complete in the store; ``store``: its path;
-    ``mode``: "in-process", "local cluster (N workers)" or "scheduler ADDRESS"."""
+    ``mode``: "in-process", "local cluster (N workers) at ADDRESS" or "scheduler ADDRESS"
+    (in-process also when nothing was left to compute)."""
 
     evaluations: dict
     ran: int
@@ -196,18 +197,26 @@ def _evaluation(job, spec, n, records):
                               job.attack_steps, job.restarts, DOMAIN)
 
 
-def _dask(workers, scheduler):
+def _distributed():
     try:
-        from dask.distributed import Client, LocalCluster
+        import dask.distributed
     except ImportError as exc:
         raise ImportError("--workers/--scheduler run on Dask, which is not installed: "
                           "pip install 'softcert[dist]' (the dist extra)") from exc
+    return dask.distributed
+
+
+def _dask(workers, scheduler):
+    dd = _distributed()
     if scheduler is not None:
-        return Client(scheduler, timeout="30s"), None
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                           dashboard_address=None, silence_logs=logging.ERROR)
+        return dd.Client(scheduler, timeout="30s"), None
+    # no dashboard, and the scheduler's HTTP routes on a free loopback port (not 8787, which
+    # another cluster on this machine may hold)
+    cluster = dd.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                              dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                              silence_logs=logging.ERROR)
     try:
-        return Client(cluster), cluster
+        return dd.Client(cluster), cluster
     except BaseException:
         cluster.close()
         raise
@@ -224,6 +233,8 @@ def run(job: Job, store_path, *, workers: int | None = None, scheduler: str | No
         raise ValueError(f"--workers: must be an integer >= 1, got {workers!r}")
     if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
         raise ValueError(f"--scheduler: expected an address such as tcp://host:8786, got {scheduler!r}")
+    if workers is not None or scheduler is not None:
+        _distributed()  # before any work: a missing extra is an error at once
     # the first n images, or the whole test set when it is smaller (as x[:n] gives)
     count = {spec: min(job.n, len(load(spec, job.data)[2])) for spec in job.models}
     with Store(store_path, job.key(), resume=resume) as store:
@@ -240,9 +251,9 @@ def run(job: Job, store_path, *, workers: int | None = None, scheduler: str | No
                     for rec in certify_sample(job, spec, i, todo):
                         store.append(rec)
                     bar.update(1)
-            else:
-                mode = f"scheduler {scheduler}" if scheduler else f"local cluster ({workers} workers)"
-                _on_dask(job, pending, store, bar, workers, scheduler)
+            elif pending:
+                address = _on_dask(job, pending, store, bar, workers, scheduler)
+                mode = f"scheduler {address}" if scheduler else f"local cluster ({workers} workers) at {address}"
         finally:
             bar.close()
     records = load_store(store_path).records
@@ -251,17 +262,18 @@ def run(job: Job, store_path, *, workers: int | None = None, scheduler: str | No
 
 
 def _on_dask(job, pending, store, bar, workers, scheduler):
-    from dask.distributed import as_completed
-
+    as_completed = _distributed().as_completed
     client, cluster = _dask(workers, scheduler)
     futures = []
     try:
+        address = client.scheduler.address
         futures = [client.submit(certify_sample, job, spec, i, todo, pure=False) for spec, i, todo in pending]
         for fut in as_completed(futures):
             for rec in fut.result():  # re-raises a task's error (SoundnessError, ValueError) here
                 store.append(rec)
             fut.release()
             bar.update(1)
+        return address
     finally:
         for fut in futures:
             fut.cancel()
