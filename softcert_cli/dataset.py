@@ -25,6 +25,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import os
+import socket
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +122,10 @@ def record_from_json(d: dict):
 def certify_sample(job: Job, spec: str, index: int, todo) -> list:
     """The task: records (store form) of image ``index`` of model ``spec`` for the
     (eps, methods) pairs in ``todo``; one ``certify.evaluate`` call per radius, because
-    PGD is run per radius with the same seed whichever radii are asked for."""
+    PGD is run per radius with the same seed whichever radii are asked for. Each record
+    also names the process that ran it (``worker``: host:pid) and the task's wall time
+    (``task_seconds``, model loading and PGD included)."""
+    start = time.perf_counter()
     torch.set_num_threads(1)
     model, x, y, _ = load(spec, job.data)
     out = []
@@ -128,7 +134,9 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
         ev = certify.evaluate(model, x[index:index + 1], y[index:index + 1], [eps], list(methods),
                               attack_steps=job.attack_steps, restarts=job.restarts)
         out += [record_to_json(spec, dataclasses.replace(r, index=index)) for r in ev.records]
-    return out
+    # where and how long the whole task ran (PGD included): the scaling model's t_task
+    where = {"worker": f"{socket.gethostname()}:{os.getpid()}", "task_seconds": time.perf_counter() - start}
+    return [{**r, **where} for r in out]
 
 
 def _where(spec):
@@ -253,7 +261,7 @@ def run(job: Job, store_path, *, workers: int | None = None, scheduler: str | No
                     bar.update(1)
             elif pending:
                 address = _on_dask(job, pending, store, bar, workers, scheduler)
-                mode = f"scheduler {address}" if scheduler else f"local cluster ({workers} workers) at {address}"
+                mode = f"scheduler {address}" if scheduler else f"local cluster ({workers} worker{'s' if workers != 1 else ''}) at {address}"
         finally:
             bar.close()
     records = load_store(store_path).records

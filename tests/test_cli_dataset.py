@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 N = 5
 ARGS = ["certify", "--model", "digits-vit1", "--eps", "0.01", "--methods", "ibp", "crown", "--n", str(N)]
 JOB = dataset.Job(("digits-vit1",), (0.01,), ("ibp", "crown"), N)
-TIMING = ("seconds", "peak", "_mb")  # columns and keys that measure the machine, not the model
+TIMING = ("seconds", "peak", "_mb", "worker")  # keys that describe the machine, not the model
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,10 @@ def test_local_cluster_of_two_loopback_workers_gives_the_in_process_table(refere
     said = capsys.readouterr().out
     assert f"{N} images computed, 0 taken" in said and "local cluster (2 workers) at tcp://127.0.0.1:" in said
     _same_table(out, reference)
-    assert len(load(out / "store.jsonl").records) == N * 2
+    stored = load(out / "store.jsonl").records
+    assert len(stored) == N * 2
+    ran_on = {r["worker"] for r in stored}  # host:pid of the process that ran each image
+    assert 1 <= len(ran_on) <= 2 and not any(w.endswith(f":{os.getpid()}") for w in ran_on)
 
 
 def test_existing_cluster_by_address(reference, tmp_path):

@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 import certify
-from softcert_cli import common
-from softcert_cli.modelio import load_model
+from softcert_cli import common, dataset
 
 DEFAULT_METHODS = ["ibp", "crown", "alpha-crown", "vertex", "lirpa-ibp", "lirpa-crown"]
 
@@ -27,14 +26,10 @@ def configure(parser):
                         help=f"from certify.METHODS: {', '.join(certify.METHODS)}")
     parser.add_argument("--n", type=int, default=10, help="first n test images")
     parser.add_argument("--out", default="docs/certify")
-    from softcert_cli import dataset
-
     dataset.add_arguments(parser, "OUT/store.jsonl")
 
 
 def run(args) -> int:
-    from softcert_cli import dataset
-
     torch.set_num_threads(1)
     out = Path(args.out)
     job = dataset.Job(tuple(args.model), tuple(args.eps), tuple(args.methods), args.n)
