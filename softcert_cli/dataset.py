@@ -130,9 +130,11 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
     model, x, y, _ = load(spec, job.data)
     out = []
     for eps, methods in todo:
-        torch.manual_seed(_seed(spec, index))  # anything drawing from the global generator
-        ev = certify.evaluate(model, x[index:index + 1], y[index:index + 1], [eps], list(methods),
-                              attack_steps=job.attack_steps, restarts=job.restarts)
+        # anything drawing from the global generator draws per image; the caller's state is kept
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_seed(spec, index))
+            ev = certify.evaluate(model, x[index:index + 1], y[index:index + 1], [eps], list(methods),
+                                  attack_steps=job.attack_steps, restarts=job.restarts)
         out += [record_to_json(spec, dataclasses.replace(r, index=index)) for r in ev.records]
     # where and how long the whole task ran (PGD included): the scaling model's t_task
     where = {"worker": f"{socket.gethostname()}:{os.getpid()}", "task_seconds": time.perf_counter() - start}
