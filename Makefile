@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned to the CPU build on disk; a bare `torch` would pull CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[data,test,triton,lightning]'
+	$(PY) -m pip install -q -e '.[data,test,triton,lightning,dist]'
 	# auto_LiRPA 0.3 declares torch<1.13: install it without its metadata deps.
 	$(PY) -m pip install -q --no-deps auto-lirpa==0.3
 	touch $(STAMP)

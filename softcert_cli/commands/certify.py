@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 import certify
-from softcert_cli import common
-from softcert_cli.modelio import load_model
+from softcert_cli import common, dataset
 
 DEFAULT_METHODS = ["ibp", "crown", "alpha-crown", "vertex", "lirpa-ibp", "lirpa-crown"]
 
@@ -27,38 +26,30 @@ def configure(parser):
                         help=f"from certify.METHODS: {', '.join(certify.METHODS)}")
     parser.add_argument("--n", type=int, default=10, help="first n test images")
     parser.add_argument("--out", default="docs/certify")
+    dataset.add_arguments(parser, "OUT/store.jsonl")
 
 
 def run(args) -> int:
     torch.set_num_threads(1)
-    unknown = [m for m in args.methods if m not in certify.METHODS]
-    if unknown:
-        raise ValueError(f"--methods: unknown method(s) {', '.join(map(repr, unknown))}; "
-                         f"choose from {', '.join(certify.METHODS)}")
-    if args.n < 1:
-        raise ValueError("--n: must be >= 1")
     out = Path(args.out)
+    job = dataset.Job(tuple(args.model), tuple(args.eps), tuple(args.methods), args.n)
     out.mkdir(parents=True, exist_ok=True)
     command = common.command_line(args, "certify", [
         ("--model", args.model), ("--eps", args.eps), ("--methods", args.methods),
-        ("--n", args.n), ("--out", args.out)])
+        ("--n", args.n), ("--out", args.out), ("--workers", args.workers), ("--scheduler", args.scheduler),
+        ("--store", args.store), ("--resume", args.resume)])
+    # attack -> verify -> cross-check per image; a PGD-contradicted certificate raises SoundnessError
+    res = dataset.run(job, Path(args.store) if args.store else out / "store.jsonl", workers=args.workers,
+                      scheduler=args.scheduler, resume=args.resume)
     rows = []
-    bar = common.progress(total=len(args.model) * len(args.eps) * (1 + len(args.methods)), desc="certify",
-                          unit="run")
-
-    def advance(done, total, what):
-        bar.set_postfix_str(what)
-        bar.update(1)
-
     for name in args.model:
-        model, xte, yte, _ = load_model(name)
+        model, xte, yte, _ = dataset.load(name)
         with torch.no_grad():
             full_acc = (certify.logits_of(model(xte)).argmax(1) == yte).float().mean().item()
-        # attack -> verify -> cross-check; a PGD-contradicted certificate raises SoundnessError
-        ev = certify.evaluate(model, xte[: args.n], yte[: args.n], args.eps, args.methods, progress=advance)
+        ev = res.evaluations[name]
         rows += [_row(name, ev, eps, meth, full_acc) for eps in ev.eps for meth in ev.methods]
-        _write(out, rows, command)  # after every model, so a long run keeps its results
-    bar.close()
+    _write(out, rows, command)
+    print(f"softcert certify: {res.ran} images computed, {res.skipped} taken from {res.store} ({res.mode})")
     return 0
 
 

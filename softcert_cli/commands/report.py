@@ -71,6 +71,9 @@ def configure(parser) -> None:
     parser.add_argument("--tiny", action="store_true", help=argparse_suppress())
     parser.add_argument("--no-minilm", action="store_true",
                         help="skip the MiniLM attention tensors (top-k/FP on the model only)")
+    from softcert_cli import dataset
+
+    dataset.add_arguments(parser, "OUT/certify-store.jsonl")  # the certify stage runs image by image
 
 
 def argparse_suppress():
@@ -103,15 +106,18 @@ def _bar(total, desc):
 
 
 # ----------------------------------------------------------------------------- 1. certify
-def stage_certify(model, x, y, st: Settings, records: list):
-    bar = _bar(len(st.eps) * (len(st.methods) + 2), "certify")
+def stage_certify(model, x, y, st: Settings, records: list, ev=None):
+    """``ev``: the ``certify.Evaluation`` of (x, y) when a dataset run made it already
+    (``softcert_cli.dataset``, as ``run`` does); None evaluates it here in one batch."""
+    bar = _bar(len(st.eps) * (1 if ev is not None else len(st.methods) + 2), "certify")
 
     def advance(done, total, what):
         bar.set_postfix_str(what)
         bar.update(1)
 
     # attack -> verify -> cross-check; a PGD-contradicted certificate raises SoundnessError
-    ev = certify.evaluate(model, x, y, st.eps, st.methods, progress=advance)
+    if ev is None:
+        ev = certify.evaluate(model, x, y, st.eps, st.methods, progress=advance)
     by_image = {r.index: r.correct for r in ev.records}
     correct = torch.tensor([by_image[i] for i in range(len(y))])
     first = x[correct][:1] if bool(correct.any()) else x[:1]  # the box is a valid proof input either way
@@ -377,7 +383,7 @@ def settings_for(args) -> Settings:
 
 
 def run(args) -> int:
-    from softcert_cli import appendix, common, render
+    from softcert_cli import appendix, common, dataset, render
     from softcert_cli.modelio import load_model
 
     torch.set_num_threads(1)
@@ -399,7 +405,11 @@ def run(args) -> int:
                      "parameters": sum(p.numel() for p in model.parameters())},
            "settings": asdict(st)}
     with timer("certify"):
-        res["certify"] = stage_certify(model, x[: st.n_images], y[: st.n_images], st, records)
+        # image by image into the results store (in this process, or on Dask with --workers/--scheduler)
+        job = dataset.Job((args.model,), st.eps, st.methods, st.n_images, data=args.data)
+        ev = dataset.run(job, Path(args.store) if args.store else out / "certify-store.jsonl",
+                         workers=args.workers, scheduler=args.scheduler, resume=args.resume).evaluations[args.model]
+        res["certify"] = stage_certify(model, x[: st.n_images], y[: st.n_images], st, records, ev=ev)
     with timer("radii"):
         res["radii"] = stage_radii(model, x, y, st, records)
     att = certify.attention_scores(model, x[: max(8, st.n_images)])
@@ -417,7 +427,8 @@ def run(args) -> int:
         cmd = common.command_line(args, "report", [
             ("--model", None if args.model == "digits-vit1" else args.model), ("--data", args.data),
             ("--out", str(args.out)), ("--quick", args.quick), ("--tiny", args.tiny),
-            ("--no-minilm", args.no_minilm)])
+            ("--no-minilm", args.no_minilm), ("--workers", args.workers), ("--scheduler", args.scheduler),
+            ("--store", args.store), ("--resume", args.resume)])
         render.write_all(out, res, records, ders, cmd, timer, t_all, st)
     print(f"wrote {out}/report.md, report.tex, results.json ({len(records)} certificate records), "
           f"manifest.json in {time.perf_counter() - t_all:.0f} s; re-check: softcert check {out}/results.json")

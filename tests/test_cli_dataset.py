@@ -1,0 +1,218 @@
+"""Dataset runs (softcert_cli.dataset): a LocalCluster of 2 workers on the loopback interface
+and an existing cluster give the in-process table; kill -9 mid-run, then --resume, gives the
+uninterrupted table; no Dask process outlives a run."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import softcert_cli
+from softcert_cli import dataset
+from softcert_cli.store import load
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 5
+ARGS = ["certify", "--model", "digits-vit1", "--eps", "0.01", "--methods", "ibp", "crown", "--n", str(N)]
+JOB = dataset.Job(("digits-vit1",), (0.01,), ("ibp", "crown"), N)
+TIMING = ("seconds", "peak", "_mb", "worker")  # keys that describe the machine, not the model
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted in-process run (no Dask)."""
+    out = tmp_path_factory.mktemp("reference")
+    assert softcert_cli.main(ARGS + ["--out", str(out)]) == 0
+    return out
+
+
+def _close(a, b, where):
+    """Same structure; numbers equal up to 1e-12 relative (the same code in another process)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            if not any(t in k for t in TIMING):
+                _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and not isinstance(b, bool):
+        assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12), (where, a, b)
+    else:
+        assert a == b, (where, a, b)
+
+
+def _tables(out):
+    """The Markdown table rows of results.md, without the timing columns."""
+    rows, keep = [], None
+    for line in (out / "results.md").read_text().splitlines():
+        if not line.startswith("|"):
+            keep = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if keep is None:
+            keep = [i for i, c in enumerate(cells) if not any(t in c.lower() for t in ("s / sample", "peak", "mb"))]
+        rows.append([cells[i] for i in keep])
+    return rows
+
+
+def _same_table(out, ref):
+    _close(json.loads((out / "results.json").read_text())["rows"],
+           json.loads((ref / "results.json").read_text())["rows"], "rows")
+    got, want = _tables(out), _tables(ref)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):  # printed numbers: equal to the printed precision
+        for x, y in zip(g, w):
+            try:
+                assert math.isclose(float(x), float(y), rel_tol=1e-3), (g, w)
+            except ValueError:
+                assert x == y, (g, w)
+
+
+def _lingering(pids):
+    alive = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _dask_children():
+    """Our child processes other than multiprocessing's resource tracker (it lives as long as we do)."""
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def _wait_gone(pids, what):
+    for _ in range(600):  # a bounded wait for the processes to exit, not a timing
+        if not _lingering(pids):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} still alive: {[p.cmdline()[:4] for p in _lingering(pids)]}")
+
+
+def test_local_cluster_of_two_loopback_workers_gives_the_in_process_table(reference, tmp_path, capsys):
+    before = set(_dask_children())
+    out = tmp_path / "cluster"
+    try:
+        assert softcert_cli.main(ARGS + ["--out", str(out), "--workers", "2"]) == 0
+    finally:
+        _wait_gone(set(_dask_children()) - before, "Dask processes after the run")
+    said = capsys.readouterr().out
+    assert f"{N} images computed, 0 taken" in said and "local cluster (2 workers) at tcp://127.0.0.1:" in said
+    _same_table(out, reference)
+    stored = load(out / "store.jsonl").records
+    assert len(stored) == N * 2
+    ran_on = {r["worker"] for r in stored}  # host:pid of the process that ran each image
+    assert 1 <= len(ran_on) <= 2 and not any(w.endswith(f":{os.getpid()}") for w in ran_on)
+
+
+def test_existing_cluster_by_address(reference, tmp_path):
+    """--scheduler: a cluster the run did not start (threads in this process, on loopback TCP)."""
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}) as cluster:
+        res = dataset.run(JOB, tmp_path / "s.jsonl", scheduler=cluster.scheduler_address, progress=False)
+        assert len(cluster.scheduler.workers) == 1  # the run left the cluster running
+    assert res.ran == N and res.mode == f"scheduler {cluster.scheduler_address}"
+    ref = dataset.run(JOB, reference / "store.jsonl", resume=True, progress=False)
+    assert ref.ran == 0 and ref.skipped == N
+    for a, b in zip(res.evaluations["digits-vit1"].records, ref.evaluations["digits-vit1"].records):
+        _close(a.__dict__, b.__dict__, f"image {a.index} {a.method}")
+
+
+def test_kill_9_mid_run_then_resume_gives_the_uninterrupted_table(reference, tmp_path, capsys):
+    out, st = tmp_path / "killed", tmp_path / "killed" / "run.jsonl"
+    total = N * 2
+    log = open(tmp_path / "stderr.txt", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "softcert_cli", *ARGS, "--out", str(out), "--workers", "1",
+                             "--store", str(st)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
+                            start_new_session=True)
+    group = set()
+    try:
+        for _ in range(6000):  # until the first record is on disk (bounded wait, nothing timed)
+            group |= {p.pid for p in psutil.process_iter() if _pgid(p.pid) == proc.pid}
+            if st.exists() and len(load(st).records) >= 1:
+                break
+            assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-2000:]
+            time.sleep(0.05)
+        group |= {p.pid for p in psutil.process_iter() if _pgid(p.pid) == proc.pid}
+        assert proc.poll() is None, "the run finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)  # client, nanny and worker alike
+        proc.wait()
+        assert len(group) >= 3  # the command and at least a nanny and a worker were running
+        _wait_gone(group, "processes of the killed run")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    kept = load(st)
+    assert 1 <= len(kept.records) < total and not (out / "results.json").exists()  # killed mid-run
+    assert softcert_cli.main(ARGS + ["--out", str(out), "--store", str(st), "--resume"]) == 0
+    said = capsys.readouterr().out
+    skipped = len(kept.records) // 2  # images with both records stored are not computed again
+    assert f"{N - skipped} images computed, {skipped} taken from" in said
+    _same_table(out, reference)
+    final = load(st).records
+    assert final[: len(kept.records)] == kept.records and len(final) == total
+    assert len({(r["index"], r["eps"], r["method"]) for r in final}) == total  # nothing twice
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def test_resume_computes_only_the_missing_methods_of_an_image(reference, tmp_path, capsys):
+    st = tmp_path / "s.jsonl"
+    lines = (reference / "store.jsonl").read_bytes().splitlines(keepends=True)
+    st.write_bytes(b"".join(lines[:-1]))  # the last image lost its crown record
+    res = dataset.run(JOB, st, resume=True, progress=False)
+    assert res.ran == 1 and res.skipped == N - 1
+    added = load(st).records[-1]
+    assert added["method"] == "crown" and added["index"] == N - 1
+    _close(added, json.loads(lines[-1]), "re-computed record")
+
+
+def test_record_round_trip_and_verdicts(reference):
+    ev = dataset.run(JOB, reference / "store.jsonl", resume=True, progress=False).evaluations["digits-vit1"]
+    assert [(r.method, r.index) for r in ev.records] == [(m, i) for m in ("ibp", "crown") for i in range(N)]
+    for r in ev.records:
+        d = dataset.record_to_json("digits-vit1", r)
+        assert dataset.record_from_json(json.loads(json.dumps(d))) == r
+        assert d["verdict"] == ("certified" if r.certified else "not certified")
+        assert d["pgd"] in ("counterexample", "none found", "misclassified")
+        assert d["model"] == "digits-vit1" and d["index"] == r.index
+
+
+def test_bad_options_are_errors_naming_them(tmp_path, capsys, monkeypatch):
+    assert softcert_cli.main(ARGS + ["--out", str(tmp_path), "--workers", "0"]) == 2
+    assert "--workers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: one of --workers/--scheduler
+        softcert_cli.main(ARGS + ["--out", str(tmp_path), "--workers", "1", "--scheduler", "tcp://127.0.0.1:1"])
+    assert "--scheduler" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--workers/--scheduler"):
+        dataset.run(JOB, tmp_path / "s.jsonl", workers=1, scheduler="tcp://127.0.0.1:1")
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)  # as if the dist extra were missing
+    with pytest.raises(ImportError, match=r"softcert\[dist\]"):
+        dataset.run(JOB, tmp_path / "s.jsonl", workers=1)
+    assert not (tmp_path / "s.jsonl").exists()  # refused before any work
+    assert softcert_cli.main(ARGS + ["--out", str(tmp_path), "--methods", "magic"]) == 2
+    assert "--methods" in capsys.readouterr().err
