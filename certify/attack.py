@@ -16,7 +16,12 @@ from certify.trace import Logits
 
 
 def _dtype(model):
-    return next(iter(model.parameters()), torch.empty(0)).dtype
+    # a parameter-free module (e.g. a GraphModule keeps its weights as buffers) has the dtype
+    # of its buffers; float32 there would evaluate margins at rounded inputs
+    t = next(iter(model.parameters()), None)
+    if t is None:
+        t = next((b for b in model.buffers() if b.is_floating_point()), torch.empty(0))
+    return t.dtype
 
 
 def logits(model, x):
