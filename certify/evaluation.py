@@ -66,7 +66,8 @@ class PeakMemory:
     MB (2**20 bytes), by polling psutil every ``interval`` seconds in a thread. ``mb`` is None
     when psutil is not installed (it is optional: it comes with the ``dist`` extra). Polling can
     miss a spike shorter than the interval; memory freed to the allocator but not to the OS
-    still counts (RSS is what the OS charges)."""
+    still counts (RSS is what the OS charges), so a run after a bigger one can show little
+    growth: compare runs each in a fresh process (``softcert depth`` does)."""
 
     def __init__(self, interval=0.005):
         self.interval = interval
