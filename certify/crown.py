@@ -108,9 +108,8 @@ def vertex_pv_term(state, pv, A):
 def crown_node(state, i, select=None):
     """CROWN bounds (l, u) of node i, each (B, *shape): one lower row e_k and one upper row
     -e_k per element k where ``select`` (bool (B, *shape); default all) holds, in chunks of
-    about CHUNK_ELEMENTS coefficients (cache-sized: on one core the backward pass is memory
-    bound, and small chunks ran 1.2-1.9x faster than ELEMENT_BUDGET-sized ones, docs/certify/depth.md);
-    unselected elements get (-inf, inf). Images of a batch with fewer selected elements are
+    about CHUNK_ELEMENTS coefficients (cache-sized: the backward pass is memory bound; see
+    CHUNK_ELEMENTS). Unselected elements get (-inf, inf). Images of a batch with fewer selected elements are
     padded with rows whose result is discarded."""
     shape = state.g.nodes[i].shape
     m, b = _numel(shape), state.batch
@@ -216,8 +215,12 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, intermedi
 
 
 INTERMEDIATE = ("full", "sparse", "dense")
-#: coefficients per chunk of intermediate-bound rows (crown_node): 512 KB of float64
-CHUNK_ELEMENTS = 2**16
+#: coefficients per chunk of intermediate-bound rows (crown_node): 128 KB of float64, so that
+#: a backward step's operands stay in a core's L2 cache. Measured on mnist-vit2 (CPU time of
+#: propagate, one thread, on a machine loaded by other jobs): 2**14 took 2.6-3.4 s, 2**15
+#: 21-22 s, 2**16 19-66 s, the dense ELEMENT_BUDGET chunks 6-8 s; on a lighter load 2**16
+#: was about 1.3x faster than 2**14. Cache contention decides, so the small size is the default.
+CHUNK_ELEMENTS = 2**14
 
 
 def _numel(shape):

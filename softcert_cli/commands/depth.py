@@ -32,6 +32,8 @@ def configure(parser) -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), help="zoo models (default: %(default)s)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--n", type=int, default=3, help="first n correctly classified test images")
+    parser.add_argument("--n-deep", type=int, default=None,
+                        help="images for models deeper than --compare-max-blocks (default: --n)")
     parser.add_argument("--eps", type=float, default=0.005)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per (model, method) subprocess")
     parser.add_argument("--memory-gb", type=float, default=12.0, help="RLIMIT_AS of each subprocess")
@@ -138,7 +140,7 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = common.command_line(args, "depth", [("--models", args.models), ("--methods", args.methods),
-                                                  ("--n", args.n), ("--eps", args.eps),
+                                                  ("--n", args.n), ("--n-deep", args.n_deep), ("--eps", args.eps),
                                                   ("--timeout", args.timeout), ("--memory-gb", args.memory_gb),
                                                   ("--compare-max-blocks", args.compare_max_blocks),
                                                   ("--batch", args.batch), ("--out", args.out)])
@@ -147,20 +149,29 @@ def run(args) -> int:
     for m in args.models:
         if m not in RECIPES:
             raise ValueError(f"models: unknown zoo model {m!r}")
-    jobs = [dict(model=m, method=meth, n=args.n, eps=args.eps, batch=0, memory_gb=args.memory_gb)
-            for m in args.models for meth in args.methods
-            if not (meth in ("crown-sparse", "crown-dense") and RECIPES[m][1]["depth"] > args.compare_max_blocks)]
+    deep = lambda m: RECIPES[m][1]["depth"] > args.compare_max_blocks  # noqa: E731
+    n_deep = args.n if args.n_deep is None else args.n_deep
+
+    def job(m, meth, batch=0):
+        n = batch or (n_deep if deep(m) else args.n)
+        return dict(model=m, method=meth, n=n, eps=args.eps, batch=batch, memory_gb=args.memory_gb)
+
+    # most informative first (ours against depth, the batch-64 memory, the baseline, then the
+    # comparisons of our modes); results are written after every job, so an interrupted run
+    # keeps what it finished
+    jobs = [job(m, "crown") for m in args.models if "crown" in args.methods]
     if args.batch:
-        jobs.append(dict(model="mnist-vit1", method="crown", n=args.batch, eps=args.eps, batch=args.batch,
-                         memory_gb=args.memory_gb))
+        jobs.insert(min(2, len(jobs)), job("mnist-vit1", "crown", args.batch))
+    jobs += [job(m, meth) for meth in args.methods if meth != "crown" for m in args.models
+             if not (meth in ("crown-sparse", "crown-dense") and deep(m))]
     rows = []
-    for job in common.progress(jobs, desc="depth"):
-        r = _spawn(job, args.timeout)
+    for spec in common.progress(jobs, desc="depth"):
+        r = _spawn(spec, args.timeout)
         r["blocks"] = RECIPES[r["model"]][1]["depth"]
         rows.append(r)
         print(_line(r), flush=True)
-    common.write_json(out / "depth.json", {"command": command, "rows": rows})
-    _write(out, rows, command)
+        common.write_json(out / "depth.json", {"command": command, "rows": rows})
+        _write(out, rows, command)
     return 0
 
 
