@@ -182,20 +182,37 @@ def vertex_pv_term(state, pv, A):
     return sub_down(s, charge(low, 1.0, math.prod(low.shape[2:]) + 1))
 
 
-def crown_node(state, i):
-    """CROWN bounds of node i: specs [I; -I], chunked to stay within ELEMENT_BUDGET."""
+def crown_node(state, i, select=None):
+    """CROWN bounds (l, u) of node i, each (B, *shape): one lower row e_k and one upper row
+    -e_k per element k where ``select`` (bool (B, *shape); default all) holds, in chunks of
+    about CHUNK_ELEMENTS coefficients (cache-sized: the backward pass is memory bound; see
+    CHUNK_ELEMENTS). Unselected elements get (-inf, inf). Images of a batch with fewer selected elements are
+    padded with rows whose result is discarded."""
     shape = state.g.nodes[i].shape
-    m = int(torch.tensor(shape).prod())
-    widest = max(int(torch.tensor(n.shape).prod()) for n in state.g.nodes[: i + 1])
-    chunk = max(1, ELEMENT_BUDGET // (state.batch * widest))
-    eye = torch.eye(m, dtype=torch.float64)
-    spec = torch.cat([eye, -eye])
-    out = []
-    for s in range(0, 2 * m, chunk):
-        A = spec[s: s + chunk].reshape(-1, *shape).unsqueeze(0).expand(state.batch, -1, *shape)
-        out.append(backward(state, i, A))
-    lo = torch.cat(out, 1)
-    return lo[:, :m].reshape(-1, *shape), -lo[:, m:].reshape(-1, *shape)
+    m, b = _numel(shape), state.batch
+    widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
+    half = max(1, CHUNK_ELEMENTS // (2 * b * widest))
+    lo = torch.full((b, m), -torch.inf, dtype=torch.float64)
+    hi = torch.full((b, m), torch.inf, dtype=torch.float64)
+    if select is None:
+        idx, valid = torch.arange(m).expand(b, m), torch.ones(b, m, dtype=torch.bool)
+    else:
+        sel = select.reshape(b, m)
+        k = int(sel.sum(1).max())
+        # selected indices first, in order; the tail of shorter rows is padding
+        idx = torch.argsort((~sel).to(torch.int8), dim=1, stable=True)[:, :k]
+        valid = torch.gather(sel, 1, idx)
+    for s in range(0, idx.shape[1], half):
+        cidx, cval = idx[:, s: s + half], valid[:, s: s + half]
+        c = cidx.shape[1]
+        A = torch.zeros(b, 2 * c, m, dtype=torch.float64)
+        A[:, :c].scatter_(2, cidx.unsqueeze(-1), 1.0)
+        A[:, c:].scatter_(2, cidx.unsqueeze(-1), -1.0)
+        out = backward(state, i, A.reshape(b, 2 * c, *shape))
+        del A
+        lo.scatter_reduce_(1, cidx, torch.where(cval, out[:, :c], -torch.inf), "amax")
+        hi.scatter_reduce_(1, cidx, torch.where(cval, -out[:, c:], torch.inf), "amin")
+    return lo.reshape(b, *shape), hi.reshape(b, *shape)
 
 
 NONLINEAR = ("elementwise", "bilinear")
@@ -226,17 +243,29 @@ def _domain(node, l, u):
     return l, torch.maximum(l, u)
 
 
-def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmetic=None):
+def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmetic=None, intermediate="full"):
     """Bounds of every node. crown=False: IBP only. vertex=True: softmax probabilities and
     attention outputs are also intersected with their exact Vertex-Softmax intervals.
     ``anchor``: the input point (default: the box centre) whose winning key j* per attention
     row is subtracted from the scores (any choice is exact; it only changes tightness).
     ``arithmetic``: "sound" or "plain" (see ``ARITHMETIC``; default: "sound", unless inside
-    ``certify.ops.arithmetic("plain")``); kept on the state for ``backward``."""
+    ``certify.ops.arithmetic("plain")``); kept on the state for ``backward``.
+    ``intermediate`` (how the nodes of ``_needs_bounds`` get CROWN bounds):
+    - "full" (default): every element except those whose IBP interval has zero width (CROWN
+      cannot tighten them), in cache-sized chunks: the same bounds as "dense";
+    - "sparse": also skips elements on which IBP already decides every consumer's relaxation
+      (``_decided``: e.g. a ReLU input with l >= 0 or u <= 0). The relaxations are then the
+      same, but the skipped elements keep their IBP bounds, and later IBP intervals that
+      start from them can be looser, so a later node where IBP beat CROWN can end looser;
+    - "dense": the algorithm before, [I; -I] over every element in ELEMENT_BUDGET chunks
+      (kept for the depth benchmark and the test that "full" is no looser)."""
+    if intermediate not in INTERMEDIATE:
+        raise ValueError(f"intermediate: expected one of {', '.join(INTERMEDIATE)}, got {intermediate!r}")
     arithmetic = _ambient(arithmetic)
     state = BoundState(graph, xl, xu)
     state.arithmetic = arithmetic
     need = _needs_bounds(graph) if crown else set()
+    users = _consumers(graph)
     att_of = {a["probs"]: a for a in graph.attention} | {a["pv"]: a for a in graph.attention}
     centre = [(xl + xu) / 2 if anchor is None else anchor]
     for node in graph.nodes[1:]:
@@ -250,13 +279,79 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmeti
             state.consts[i] = node.operator.anchor(*[centre[j] for j in node.inputs])
         l, u = ibp_node(state, i)
         if i in need:
-            cl, cu = crown_node(state, i)
+            if intermediate == "dense":
+                cl, cu = _crown_dense(state, i)
+            else:
+                select = ~(l == u)  # NaN (no information) stays selected
+                if intermediate == "sparse":
+                    select &= ~_decided(graph, users[i], l, u)
+                cl, cu = crown_node(state, i, select)
             l, u = torch.maximum(l, cl), torch.minimum(u, cu)
+            del cl, cu
         if vertex and i in att_of:
             vl, vu = _vertex_interval(state, att_of[i], i)
             l, u = torch.maximum(l, vl), torch.minimum(u, vu)
         state.bounds[i] = _domain(node, l, u)
     return state
+
+
+INTERMEDIATE = ("full", "sparse", "dense")
+#: coefficients per chunk of intermediate-bound rows (crown_node): 128 KB of float64, so that
+#: a backward step's operands stay in a core's L2 cache. Measured on mnist-vit2 (CPU time of
+#: propagate, one thread, on a machine loaded by other jobs): 2**14 took 2.6-3.4 s, 2**15
+#: 21-22 s, 2**16 19-66 s, the dense ELEMENT_BUDGET chunks 6-8 s; on a lighter load 2**16
+#: was about 1.3x faster than 2**14. Cache contention decides, so the small size is the default.
+CHUNK_ELEMENTS = 2**14
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _consumers(graph):
+    """node id -> ids of the nodes that take it as an input."""
+    users = {i: [] for i in range(len(graph.nodes))}
+    for i, n in enumerate(graph.nodes):
+        for j in n.inputs:
+            users[j].append(i)
+    return users
+
+
+def _decided(graph, users, l, u):
+    """(B, *shape) bool: every consumer is elementwise and its default planes on [l, u]
+    coincide (lower = upper plane, so f is affine on [l, u], e.g. a stable ReLU). The planes
+    on any tighter interval are then that same affine function: CROWN bounds of these
+    elements cannot change any backward step."""
+    exact = torch.isfinite(l) & torch.isfinite(u)
+    if not users or any(graph.nodes[c].operator.kind != "elementwise" for c in users):
+        return torch.zeros_like(exact)
+    for c in users:
+        try:
+            lw, lb, uw, ub = graph.nodes[c].operator.planes(l, u, None)
+        except ValueError:  # an interval outside the operator's domain: decide nothing
+            return torch.zeros_like(exact)
+        exact = exact & (lw == uw) & (lb == ub)
+    return exact
+
+
+def _crown_dense(state, i):
+    """CROWN bounds of node i with specs [I; -I] over every element, chunked to stay within
+    ELEMENT_BUDGET (the intermediate-bound algorithm before "full")."""
+    shape = state.g.nodes[i].shape
+    m = _numel(shape)
+    widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
+    chunk = max(1, ELEMENT_BUDGET // (state.batch * widest))
+    eye = torch.eye(m, dtype=torch.float64)
+    spec = torch.cat([eye, -eye])
+    out = []
+    for s in range(0, 2 * m, chunk):
+        A = spec[s: s + chunk].reshape(-1, *shape).unsqueeze(0).expand(state.batch, -1, *shape)
+        out.append(backward(state, i, A))
+    lo = torch.cat(out, 1)
+    return lo[:, :m].reshape(-1, *shape), -lo[:, m:].reshape(-1, *shape)
 
 
 def _vertex_interval(state, att, i):

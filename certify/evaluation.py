@@ -9,6 +9,8 @@ their own counterexample at eps = 0). Records are per (image, eps, method).
 from __future__ import annotations
 
 import copy
+import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +42,8 @@ class Record:
     ``seconds``: the method's wall time on the batch divided evenly over its images;
     ``class_margins``: the certified lower bound of z_y - z_j for every class j (0 at j = y),
     so that methods can be compared per (image, target) pair; ``predicted``: the model's class
-    at the clean image."""
+    at the clean image; ``peak_mb``: the growth of the process's resident memory during the
+    method's run on the batch (``PeakMemory``; the whole batch's, not divided; None without psutil)."""
 
     index: int
     eps: float
@@ -55,6 +58,46 @@ class Record:
     note: str = ""
     class_margins: tuple | None = None
     predicted: int | None = None
+    peak_mb: float | None = None
+
+
+class PeakMemory:
+    """Context manager: peak resident set size (RSS) of this process minus the RSS at entry, in
+    MB (2**20 bytes), by polling psutil every ``interval`` seconds in a thread. ``mb`` is None
+    when psutil is not installed (it is optional: it comes with the ``dist`` extra). Polling can
+    miss a spike shorter than the interval; memory freed to the allocator but not to the OS
+    still counts (RSS is what the OS charges), so a run after a bigger one can show little
+    growth: compare runs each in a fresh process (``softcert depth`` does)."""
+
+    def __init__(self, interval=0.005):
+        self.interval = interval
+        self.mb = None
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        try:
+            import psutil
+        except ImportError:
+            return self
+        proc = psutil.Process(os.getpid())
+        self._start = self._peak = proc.memory_info().rss
+
+        def poll():
+            while not self._stop.wait(self.interval):
+                self._peak = max(self._peak, proc.memory_info().rss)
+        self._proc = proc
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._peak = max(self._peak, self._proc.memory_info().rss)
+            self.mb = (self._peak - self._start) / 2**20
+        return False
 
 
 def certified_accuracy(records, eps, method) -> tuple:
@@ -131,7 +174,11 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
         if progress is not None:
             progress(done, total, f"eps={eps} PGD")
         for meth in methods:
-            res = verify(model, xc, yc, eps, method=meth, batch_size=batch_size, domain=domain) if idx else None
+            res, peak = None, None
+            if idx:
+                with PeakMemory() as mem:
+                    res = verify(model, xc, yc, eps, method=meth, batch_size=batch_size, domain=domain)
+                peak = mem.mb
             if res is not None:
                 _check_sound(att, res, meth, eps)
             per = res.seconds / len(idx) if idx else 0.0
@@ -145,7 +192,7 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
                 records.append(Record(i, eps, meth, int(y[i]), True, att.status[k] != "sat",
                                       bool(res.certified[k]), float(res.worst_margin[k]),
                                       float(att.min_margin[k]), per, res.note,
-                                      tuple(res.lower_margin[k].tolist()), int(pred[i])))
+                                      tuple(res.lower_margin[k].tolist()), int(pred[i]), peak))
             done += 1
             if progress is not None:
                 progress(done, total, f"eps={eps} {meth}")

@@ -64,6 +64,8 @@ def _row(name, ev, eps, meth, full_acc) -> dict:
         pgd_acc=ev.robust_accuracy(eps)[0] / n, certified_acc=ev.certified_accuracy(eps, meth)[0] / n,
         mean_lower_margin=math.fsum(margins) / len(margins) if margins else None,
         seconds_per_sample=math.fsum(r.seconds for r in verified) / max(1, len(verified)),
+        # one verify call per (eps, method): its RSS growth, None without psutil
+        peak_mb=max((r.peak_mb for r in verified if getattr(r, "peak_mb", None) is not None), default=None),
         lower_margin=[list(r.class_margins) for r in verified],
         note=next((r.note for r in verified if r.note), ""))
 
@@ -96,17 +98,19 @@ def _write(out, rows, command):
              "test images; certified / PGD-robust accuracy count misclassified images as failures; the",
              "mean lower margin is over correctly classified images of min_{j≠y} (certified lower bound of",
              "z_y - z_j). PGD: 40 steps x 2 restarts; every run also checked that no certified image is",
-             "falsified and no PGD margin lies below a certified bound.", ""]
+             "falsified and no PGD margin lies below a certified bound. Peak MB: the growth of the",
+             "process's resident memory during the method's run (psutil polling; – without psutil).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model} (clean accuracy on the whole test split {rs[0]['clean_acc_full_test']:.3f}; "
                   f"n = {rs[0]['n']}, clean {rs[0]['clean_acc']:.2f})", "",
-                  "| eps | method | PGD-robust acc | certified acc | mean lower margin | s / sample |",
-                  "|---|---|---|---|---|---|"]
+                  "| eps | method | PGD-robust acc | certified acc | mean lower margin | s / sample | peak MB |",
+                  "|---|---|---|---|---|---|---|"]
         for r in rs:
             note = f" ({r['note']})" if r.get("note") else ""
             lines.append(f"| {r['eps']} | {r['method']}{note} | {r['pgd_acc']:.2f} | {r['certified_acc']:.2f} | "
-                         f"{_g(r['mean_lower_margin'])} | {r['seconds_per_sample']:.3g} |")
+                         f"{_g(r['mean_lower_margin'])} | {r['seconds_per_sample']:.3g} | "
+                         f"{_g(r.get('peak_mb'))} |")
         lines.append("")
     for a, b in [("crown", "lirpa-crown"), ("vertex", "crown"), ("vertex", "alpha-crown"), ("alpha-crown", "crown")]:
         cmp = _compare(rows, a, b)
