@@ -4,11 +4,15 @@ from __future__ import annotations
 import itertools
 import os
 
-import mpmath
-import numpy as np
-import pytest
-import torch
-from hypothesis import settings
+# Triton runs its kernels in interpreter mode on this CPU-only machine; the flag is read when
+# triton is first imported, and a test module collected earlier may import it (through torch)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import mpmath  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 # Property tests: deterministic in CI, bounded in time.
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
