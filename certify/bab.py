@@ -92,8 +92,9 @@ class Outcome:
     """What ``branch_and_bound`` found on one box. ``proved[g]``: group g proved on every
     leaf; ``lower[g]``: min over the final leaves of max_row (lower bound - rhs) (a lower bound
     over the whole box, > 0 when proved); ``counterexample``: what ``falsify`` returned, or None;
-    ``timed_out``; ``leaves``: the final leaves as (group, constraints) with constraints a
-    tuple of (node, flat index, lo, hi)."""
+    ``timed_out``; ``bounded``: leaves bounded; ``leaves``: the final leaves as (group,
+    constraints, proved) with constraints a tuple of (node, flat index, lo, hi): z_node[index]
+    in [lo, hi] (index into the node's value without the batch axis)."""
 
     proved: tuple
     lower: tuple
@@ -146,8 +147,11 @@ def _split_points(op, l, u):
 
 
 class _Engine:
-    def __init__(self, graph, xl, xu, C, rhs, groups, anchor, vertex, alpha_steps, lr):
+    def __init__(self, graph, xl, xu, C, rhs, groups, anchor, vertex, alpha_steps, lr, refine):
         self.g = graph
+        # inputs of nonlinear nodes small enough to re-bound by CROWN in every leaf
+        self.refine = {j for n in graph.nodes if n.operator.kind in ("elementwise", "bilinear") for j in n.inputs
+                       if not graph.nodes[j].operator.monotone and math.prod(graph.nodes[j].shape) <= refine}
         self.C, self.rhs, self.groups = C, rhs, groups
         self.feeds, self.slopes = _splittable(graph)
         self.vertex = vertex
@@ -160,50 +164,56 @@ class _Engine:
         self.width = max(len(r) for r in self.rows)
         self.bounded = 0
         self.vertex_wins = 0
+        self.done = []  # proved leaves: (group, constraints)
 
     # ------------------------------------------------------------ one batch of leaves
     def _state(self, cons):
         """The leaf states stacked on the batch axis: root bounds, the constrained neurons
-        tightened, nodes downstream of them re-bounded by IBP ∩ root bounds. Bounds of
-        splittable nodes and of the input are fresh tensors requiring grad (for the split
-        scores and the worst points). Returns (state, grad leaves, infeasible (B,))."""
+        tightened, nodes downstream of them re-bounded by IBP (and, for inputs of nonlinear
+        nodes of at most ``refine`` neurons, by CROWN) intersected with the parent bounds.
+        Bounds of splittable nodes and of the input are then fresh tensors requiring grad (for
+        the split scores and the worst points). Returns (state, grad leaves, infeasible (B,))."""
         root, B = self.root, len(cons)
         st = crown.BoundState(self.g, *(t.expand(B, *t.shape[1:]) for t in root.bounds[0]))
         st.consts = {i: c.expand(B, *c.shape[1:]) if c.dim() and c.shape[0] == 1 else c
                      for i, c in root.consts.items()}
         bounds = {i: (l.expand(B, *l.shape[1:]), u.expand(B, *u.shape[1:])) for i, (l, u) in root.bounds.items()}
+        st.bounds = bounds
         tight = {}
         for b, cs in enumerate(cons):
             for (node, idx), (lo, hi) in cs.items():
                 tight.setdefault(node, []).append((b, idx, lo, hi))
-        leaves = {}
-        for i in [0, *self.feeds]:
-            l, u = (t.clone() for t in bounds[i])
-            if i in tight:
-                bs, ix, los, his = (torch.tensor(v) for v in zip(*tight[i]))
+        infeasible = torch.zeros(B, dtype=torch.bool)
+        with torch.no_grad():
+            for i, items in tight.items():
+                l, u = (t.clone() for t in bounds[i])
+                bs, ix, los, his = (torch.tensor(v) for v in zip(*items))
                 lf, uf = l.view(B, -1), u.view(B, -1)
                 lf[bs, ix] = torch.maximum(lf[bs, ix], los.to(l.dtype))
                 uf[bs, ix] = torch.minimum(uf[bs, ix], his.to(u.dtype))
-            l.requires_grad_(True)
-            u.requires_grad_(True)
-            leaves[i] = (l, u)
-            bounds[i] = (l, u)
-        st.bounds = bounds
-        infeasible = torch.zeros(B, dtype=torch.bool)
-        changed = set(tight)
-        for i in range(1, len(self.g.nodes)):
-            node = self.g.nodes[i]
-            if not any(j in changed for j in node.inputs):
-                continue
-            il, iu = crown.ibp_node(st, i)
-            l0, u0 = bounds[i]
-            il = torch.nan_to_num(il, nan=-torch.inf)
-            iu = torch.nan_to_num(iu, nan=torch.inf)
-            l, u = torch.maximum(l0, il), torch.minimum(u0, iu)
-            # both enclose z_i on the leaf: disjoint means the leaf holds no input at all
-            infeasible |= (l > u).flatten(1).any(1).detach()
-            bounds[i] = (l, torch.maximum(l, u))
-            changed.add(i)
+                bounds[i] = (l, u)
+            changed = set(tight)
+            for i in range(1, len(self.g.nodes)):
+                node = self.g.nodes[i]
+                if not any(j in changed for j in node.inputs):
+                    continue
+                st.planes = {}
+                l, u = bounds[i]
+                il, iu = crown.ibp_node(st, i)
+                l = torch.maximum(l, torch.nan_to_num(il, nan=-torch.inf))
+                u = torch.minimum(u, torch.nan_to_num(iu, nan=torch.inf))
+                if i in self.refine:
+                    st.bounds[i] = (l, torch.maximum(l, u))
+                    cl, cu = crown.crown_node(st, i)
+                    l, u = torch.maximum(l, cl), torch.minimum(u, cu)
+                # each encloses z_i on the leaf: disjoint means the leaf holds no input at all
+                infeasible |= (l > u).flatten(1).any(1)
+                bounds[i] = (l, torch.maximum(l, u))
+                changed.add(i)
+        leaves = {}
+        for i in [0, *self.feeds]:
+            leaves[i] = tuple(t.detach().clone().requires_grad_(True) for t in bounds[i])
+            bounds[i] = leaves[i]
         st.planes = {}
         return st, leaves, infeasible
 
@@ -235,7 +245,8 @@ class _Engine:
             detached.bounds = {i: (l.detach(), u.detach()) for i, (l, u) in st.bounds.items()}
             detached.consts = st.consts
             opt = torch.optim.Adam(list(alphas.values()), lr=self.lr)
-            for _ in range(self.alpha_steps):
+            # the root gets alpha-CROWN's full 20 steps; children are warm-started
+            for _ in range(self.alpha_steps if alpha0 is not None else max(self.alpha_steps, 20)):
                 lo = self._backward(detached, C, {k: a.clamp(0, 1) for k, a in alphas.items()})
                 best = torch.maximum(best, lo.detach())
                 opt.zero_grad()
@@ -318,6 +329,7 @@ class _Engine:
             leaf = _Leaf(k, {}, v, lb[k:k + 1], {a: t[k:k + 1] for a, t in alpha.items()}, splits[k])
             if v > 0:
                 final[k].append(v)
+                self.done.append((k, {}))
             else:
                 heapq.heappush(heap, (v, next(tick), leaf))
         if heap and falsify is not None:
@@ -362,6 +374,7 @@ class _Engine:
                 v = float((lb[b] - rhs[b]).max())
                 if v > 0:
                     final[groups[b]].append(v)
+                    self.done.append((groups[b], cons[b]))
                     continue
                 leaf = _Leaf(groups[b], cons[b], v, lb[b:b + 1], {a: t[b:b + 1] for a, t in alpha.items()}, splits[b])
                 heapq.heappush(heap, (v, next(tick), leaf))
@@ -379,20 +392,25 @@ class _Engine:
         open_by = {k: [v for v, _, lf in heap if lf.group == k] for k in range(ng)}
         proved = tuple(not open_by[k] and bool(final[k]) and cex is None for k in range(ng))
         lower = tuple(min(open_by[k] + final[k]) if (open_by[k] or final[k]) else -math.inf for k in range(ng))
-        leaves = tuple((lf.group, tuple((n, j, lo, hi) for (n, j), (lo, hi) in lf.cons.items())) for _, _, lf in heap)
+        flat = lambda cs: tuple((n, j, lo, hi) for (n, j), (lo, hi) in cs.items())  # noqa: E731
+        leaves = tuple((k, flat(cs), True) for k, cs in self.done) + \
+            tuple((lf.group, flat(lf.cons), False) for _, _, lf in heap)
         return Outcome(proved, lower, cex, timed_out, self.bounded, self.vertex_wins, leaves)
 
 
 def branch_and_bound(graph, xl, xu, C, rhs, groups, *, deadline, anchor=None, vertex=True, falsify=None,
-                     batch=16, alpha_steps=4, lr=0.1, max_leaves=1_000_000) -> Outcome:
+                     batch=16, alpha_steps=4, lr=0.1, max_leaves=1_000_000, refine=128) -> Outcome:
     """Prove, for every group g, that on every input of the box [xl, xu] (1, *graph input
     shape) some row r of g has C_r·output > rhs_r. ``C`` (S, *output shape), ``rhs`` (S,),
     ``groups`` (S,) ints 0..G-1. ``deadline``: time.monotonic() value; ``falsify(points)``:
     called with None (a plain attack) or start points (P, *graph input shape); returns a
-    confirmed counterexample or None. ``vertex``: Vertex-Softmax intervals and P·V bounds."""
+    confirmed counterexample or None. ``vertex``: Vertex-Softmax intervals and P·V bounds.
+    ``refine``: in a leaf, inputs of nonlinear nodes downstream of a split with at most this
+    many neurons are re-bounded by CROWN (larger ones by IBP only); ``batch``: leaves split
+    per round (twice as many children bounded at once); ``alpha_steps``: Adam steps per leaf."""
     groups = torch.as_tensor(groups, dtype=torch.int64)
     eng = _Engine(graph, xl, xu, C, torch.as_tensor(rhs, dtype=torch.float64), groups, anchor, vertex,
-                  alpha_steps, lr)
+                  alpha_steps, lr, refine)
     return eng.run(deadline, falsify, batch, max_leaves)
 
 
@@ -427,7 +445,7 @@ def _confirmed(model64, x, label):
 
 
 def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=True, attack=True, batch=16, alpha_steps=4,
-           restarts=2, steps=40, seed=0, max_leaves=1_000_000) -> BabResult:
+           restarts=2, steps=40, seed=0, max_leaves=1_000_000, refine=128) -> BabResult:
     """Three-valued verdicts for ``model`` at inputs ``x`` (B, ...) with labels ``label`` over
     the L∞ ball of radius ``eps`` clipped to ``domain``, each sample within ``timeout``
     seconds: certified (every margin z_y - z_j proved positive on every leaf), falsified
@@ -473,7 +491,7 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=True, attack=
         res = branch_and_bound(graph, lo[b:b + 1].unsqueeze(1), hi[b:b + 1].unsqueeze(1), C[keep],
                                torch.zeros(len(keep)), torch.arange(len(keep)), deadline=deadline,
                                anchor=x[b:b + 1].unsqueeze(1), vertex=vertex, falsify=falsify, batch=batch,
-                               alpha_steps=alpha_steps, max_leaves=max_leaves)
+                               alpha_steps=alpha_steps, max_leaves=max_leaves, refine=refine)
         lm = torch.zeros(classes, dtype=torch.float64)
         lm[keep] = torch.tensor(res.lower, dtype=torch.float64)
         if res.counterexample is not None:
