@@ -239,3 +239,33 @@ def test_bad_input_named():
         bab.verify(MODEL, X[:1], Y[:1], float("nan"), timeout=5, domain=None)
     with pytest.raises(ValueError, match="label"):
         bab.verify(MODEL, X[:1], torch.tensor([7]), EPS, timeout=5, domain=None)
+
+
+# ---------------------------------------------------------------- VNN-COMP on the same engine
+def test_vnncomp_solve_with_bab(tmp_path):
+    import numpy as np
+    from test_vnncomp import check_counterexample, export, ort_out, robustness
+
+    from certify.onnx_graph import read_onnx
+    from certify.vnncomp import SOLVE_METHODS, solve
+    from certify.vnnlib import parse_vnnlib
+
+    assert "bab" in SOLVE_METHODS
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 12), torch.nn.ReLU(), torch.nn.Linear(12, 8), torch.nn.GELU(),
+                                torch.nn.Linear(8, 4))
+    path = export(model, torch.zeros(1, 3), tmp_path / "mlp.onnx", opset=14)
+    net = read_onnx(path)
+    x0 = np.array([0.3, -0.2, 0.5])
+    label = int(np.argmax(ort_out(path, x0)))
+    prop = parse_vnnlib(robustness(x0, 2.0, label, 4))
+    v = solve(net, prop, 30, "bab")
+    assert v.result == "sat" and v.method == "bab"
+    check_counterexample(path, prop, v.counterexample)
+    prop = parse_vnnlib(robustness(x0, 0.05, label, 4))
+    v = solve(net, prop, 30, "bab")
+    assert v.result == "unsat" and v.counterexample is None and v.boxes >= 1
+    r = prop.regions[0]
+    for x in r.lower + (r.upper - r.lower) * np.random.default_rng(0).random((50, 3)):
+        assert not r.satisfied(ort_out(path, x))
+    assert solve(net, prop, 1e-9, "bab").result == "timeout"
