@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("softcert_cli.commands.report", "one command from a model to a checked report folder (md, tex, figures, JSON)"),
     "check": ("softcert_cli.commands.check", "re-check every certificate of a report's results.json independently"),
     "vnncomp": ("softcert_cli.commands.vnncomp", "decide one VNN-COMP instance (ONNX model + VNN-LIB property), write the result file"),
+    "bab": ("softcert_cli.commands.bab", "three-valued verdicts (certified/falsified/unknown) by branch and bound, cactus plot, ingredients table"),
     "vnnlib": ("softcert_cli.commands.vnnlib", "the VNN-LIB 2.0 solver command line: verify a property, list supported ONNX operators"),
 }
 
