@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from certify import crown, ops
+from certify import crown
 from certify.attack import margins, pgd
 from certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, input_box, margin_spec
 
@@ -476,7 +476,7 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=True, attack=
         keep = [j for j in range(classes) if j != int(lab)]
         gen_seed = seed + b
 
-        def falsify(starts, b=b, lab=lab):
+        def falsify(starts, b=b, lab=lab, deadline=deadline, gen_seed=gen_seed):
             if not attack or time.monotonic() > deadline:
                 return None
             if starts is None:
