@@ -269,3 +269,21 @@ def test_vnncomp_solve_with_bab(tmp_path):
     for x in r.lower + (r.upper - r.lower) * np.random.default_rng(0).random((50, 3)):
         assert not r.satisfied(ort_out(path, x))
     assert solve(net, prop, 1e-9, "bab").result == "timeout"
+
+
+def test_cli_bab_writes_table_json_and_cactus(tmp_path, capsys):
+    import json
+
+    from softcert_cli import main
+
+    argv = ["bab", "--n", "1", "--eps", "0.001", "--timeout", "30", "--methods", "crown", "bab",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "certified" in capsys.readouterr().out
+    data = json.loads((tmp_path / "bab.json").read_text())
+    (row,) = data["rows"]
+    assert set(row["methods"]) == {"crown", "bab"} and row["methods"]["bab"]["counts"]["certified"] <= row["n"]
+    assert (tmp_path / "bab.md").read_text().startswith("# Branch and bound")
+    assert (tmp_path / "bab_cactus.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="--methods"):
+        main(["bab", "--methods", "nope", "--out", str(tmp_path)])

@@ -11,6 +11,7 @@ bab_cactus.png (samples with a verdict vs time per sample, per method, VNN-COMP 
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -40,6 +41,9 @@ def configure(parser):
     parser.add_argument("--methods", nargs="+", default=list(INGREDIENTS) + [BASELINE], metavar="METHOD",
                         help=f"columns from {', '.join(INGREDIENTS + (BASELINE,))}")
     parser.add_argument("--out", default="docs/certify")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of other (model, eps) pairs already in OUT/bab.json (e.g. a second model "
+                             "run with other radii)")
 
 
 def _timed_bound(model, x, y, eps, method):
@@ -67,14 +71,20 @@ def run(args) -> int:
     command = common.command_line(args, "bab", [
         ("--model", args.model), ("--eps", args.eps), ("--n", args.n), ("--timeout", args.timeout),
         ("--methods", args.methods), ("--out", args.out)])
-    rows = []
+    rows, commands = [], [command]
+    if args.append and (out / "bab.json").exists():
+        old = json.loads((out / "bab.json").read_text())
+        commands = [c for c in old.get("commands", [old.get("command")]) if c and c != command] + [command]
+        new = {(m, e) for m in args.model for e in args.eps}
+        rows = [r for r in old["rows"] if (r["model"], r["eps"]) not in new]
     bar = common.progress(total=len(args.model) * len(args.eps) * len(args.methods), desc="bab", unit="run")
     for name in args.model:
         model, xte, yte = zoo.load(name)
         x, y = xte[: args.n].to(torch.float64), yte[: args.n]
         for eps in args.eps:
             att = certify.attack(model, x, y, eps)
-            row = dict(model=name, eps=eps, n=len(y), pgd_robust=int((~att.falsified).sum()), methods={})
+            row = dict(model=name, eps=eps, n=len(y), timeout=args.timeout, pgd_robust=int((~att.falsified).sum()),
+                       methods={})
             for meth in args.methods:
                 bar.set_postfix_str(f"{name} eps {eps} {meth}")
                 if meth in ("bab", "bab-novertex"):
@@ -101,7 +111,7 @@ def run(args) -> int:
             if counts:
                 print(f"{name} eps {eps}: certified {counts['certified']}, falsified {counts['falsified']}, "
                       f"unknown {counts['unknown']} (of {row['n']}; PGD-robust {row['pgd_robust']})")
-            _write(out, rows, command, args)  # after every eps, so a long run keeps its results
+            _write(out, rows, commands, args)  # after every eps, so a long run keeps its results
     bar.close()
     return 0
 
@@ -110,14 +120,15 @@ def _mean(v):
     return sum(v) / len(v) if v else float("nan")
 
 
-def _write(out, rows, command, args):
-    common.write_json(out / "bab.json", {"command": command, "timeout": args.timeout, "rows": rows})
+def _write(out, rows, commands, args):
+    common.write_json(out / "bab.json", {"commands": commands, "rows": rows})
     cols = [m for m in args.methods if m != BASELINE]
     lines = ["# Branch and bound: three-valued verdicts", "",
-             f"Regenerate: `{command}` (1 CPU thread per process; a shared 2-core machine). Ball: L∞ radius eps",
+             "Regenerate: " + "; then ".join(f"`{c}`" for c in commands) + " (1 CPU thread per process; a shared",
+             "2-core machine under load from other jobs, so times are inflated and noisy). Ball: L∞ radius eps",
              "clipped to [0, 1]; the first n test images. PGD-robust: no counterexample from PGD (40 steps x 2",
              "restarts), the ceiling of any sound method. bab: `certify.verify(model, x, y, eps, method=\"bab\", "
-             f"timeout={args.timeout:g})`",
+             "timeout=T)` with T the command's --timeout",
              "(certify/bab.py): alpha-CROWN at the root, then splits of ReLU, exp and reciprocal inputs and of",
              "attention scores, alpha warm-started from the parent, falsification (PGD, then PGD from each",
              "leaf's worst point) alongside; bab-novertex: the same without Vertex-Softmax intervals and P·V",
