@@ -19,7 +19,7 @@ import torch
 
 import certify
 from certify import bab, zoo
-from softcert_cli import common
+from softcert_cli import common, style
 
 #: the ingredients table: column -> method. "alpha-crown-relu" and "alpha-crown" name the
 #: same registered method until certify.METHODS has a ReLU-only variant of its own
@@ -166,13 +166,15 @@ def _write(out, rows, commands, args):
     common.write_markdown(out / "bab.md", lines)
     plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    every = []
     for meth in args.methods:
         ts = sorted(s for r in rows if meth in r["methods"]
                     for s, st in zip(r["methods"][meth]["seconds"], r["methods"][meth]["status"])
                     if st in ("certified", "falsified"))
+        every += ts
         if ts:
             ax.step(ts, range(1, len(ts) + 1), where="post", marker="o", markersize=3, label=meth)
-    ax.set_xscale("log")
+    style.log_axis(ax, "x", every)
     ax.set_xlabel("seconds per sample")
     ax.set_ylabel("samples with a verdict")
     ax.legend(fontsize=7)
