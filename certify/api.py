@@ -161,12 +161,22 @@ def _lift(t):
     return t.unsqueeze(1)
 
 
-def verify(model, x, label, eps, method="crown", batch_size=8, *, domain=DOMAIN) -> CertResult:
+def verify(model, x, label, eps, method="crown", batch_size=8, *, domain=DOMAIN, timeout=None):
     """Certify ``model`` (any nn.Module whose traced graph uses supported operators; see
     ``certify.supported_operators``) at inputs ``x`` (B, ...) with integer labels ``label``
     over the L∞ ball of radius ``eps`` (a Python, numpy or 0-d tensor real scalar, taken as
     float64) clipped to ``domain`` (default [0, 1]; x must lie in it; None: no clipping).
-    ``method``: a name in ``certify.METHODS``."""
+    ``method``: a name in ``certify.METHODS`` (a ``CertResult``), or "bab": branch-and-bound
+    with falsification alongside, ``timeout`` seconds per sample, three-valued verdicts (a
+    ``certify.bab.BabResult``; see ``certify.bab.verify``)."""
+    if method == "bab":
+        from certify import bab
+
+        if timeout is None:
+            raise ValueError("timeout: method 'bab' needs a per-sample time budget in seconds")
+        return bab.verify(model, x, label, eps, timeout=timeout, domain=domain)
+    if timeout is not None:
+        raise ValueError(f"timeout: only method 'bab' takes a time budget, got method {method!r}")
     meth = get_method(method)
     batch_size = check_batch_size(batch_size)
     domain = None if domain is None else check_domain(domain)

@@ -15,6 +15,10 @@
   reference evaluator, in the model's own dtype). The counterexample carries that x and the
   ONNX model's y.
 - "timeout" when the time budget runs out first, "unknown" otherwise.
+Method "bab" decides each region with the branch-and-bound engine of ``certify.verify(...,
+method="bab")`` (``certify.bab.branch_and_bound``: splits on nonlinear neurons instead of
+input bisection, Vertex-Softmax leaves, the same attack from the leaves' worst points):
+falsified = "sat", certified = "unsat", otherwise "unknown" or "timeout".
 ``write_result(verdict, path)`` writes the VNN-COMP result file.
 """
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 from onnx import helper, reference
 
 from bounds import vertex_softmax
-from certify import crown
+from certify import bab, crown
 from certify.api import linear_bounds
 from certify.lowering import F64
 from certify.methods import METHODS
@@ -38,14 +42,16 @@ from certify.vnnlib import Property, Region
 
 RESULTS = ("sat", "unsat", "unknown", "timeout")
 #: the methods of certify.METHODS that run on a graph (not the auto_LiRPA baselines)
-SOLVE_METHODS = tuple(name for name, m in METHODS.items() if not m.needs_model)
+BOUND_METHODS = tuple(name for name, m in METHODS.items() if not m.needs_model)
+#: what ``solve`` takes: those, and "bab" (branch and bound on nonlinear neurons)
+SOLVE_METHODS = BOUND_METHODS + ("bab",)
 
 
 @dataclass(frozen=True)
 class Verdict:
     """``result`` in RESULTS; ``counterexample``: (x, y) flat tuples of floats for "sat"
     (x inside the box at the model's input precision, y the ONNX model's output), else None;
-    ``boxes``: input boxes bounded (after splitting)."""
+    ``boxes``: input boxes bounded (after splitting; for "bab": leaves bounded)."""
 
     result: str
     counterexample: tuple | None
@@ -79,8 +85,8 @@ def lower_bounds(graph, xl, xu, C, method="crown"):
     """Certified lower bounds (B, S) of C·output over the boxes [xl, xu] (B, *input shape);
     C: (B, S, *output shape). ``certify.linear_bounds`` with ``method``; for "vertex" also
     the Vertex-Softmax bound of a softmax output (see the module docstring)."""
-    if method not in SOLVE_METHODS:
-        raise ValueError(f"method: expected one of {SOLVE_METHODS}, got {method!r}")
+    if method not in BOUND_METHODS:
+        raise ValueError(f"method: expected one of {BOUND_METHODS}, got {method!r}")
     lo = linear_bounds(graph, xl, xu, C, method)
     att = _output_softmax(graph)
     if method == "vertex" and att is not None:
@@ -139,13 +145,18 @@ def _violation(y, region):
     return torch.stack(out, -1).min(-1).values
 
 
-def _attack(network, region, lo, hi, deadline, gen, restarts=8, steps=40):
-    """A counterexample (x, y) in [lo, hi] checked on the ONNX model, or None."""
+def _attack(network, region, lo, hi, deadline, gen, restarts=8, steps=40, starts=None):
+    """A counterexample (x, y) in [lo, hi] checked on the ONNX model, or None. ``starts``
+    (P, n): start points (default: the centre and random points)."""
     n = lo.shape[0]
     lo_t, hi_t = torch.as_tensor(lo, dtype=F64), torch.as_tensor(hi, dtype=F64)
     width = hi_t - lo_t
-    x = lo_t + width * torch.rand(restarts, n, dtype=F64, generator=gen)
-    x[0] = (lo_t + hi_t) / 2
+    if starts is None:
+        x = lo_t + width * torch.rand(restarts, n, dtype=F64, generator=gen)
+        x[0] = (lo_t + hi_t) / 2
+    else:
+        x = torch.minimum(torch.maximum(torch.as_tensor(starts, dtype=F64).reshape(-1, n), lo_t), hi_t)
+        restarts = x.shape[0]
     step = 2.5 * width / steps
     dtype = _np_dtype(network)
     for k in range(steps + 1):
@@ -262,6 +273,8 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "crown", 
             cex = _attack(network, r, r.lower, r.upper, deadline, gen, restarts=4, steps=10)
             if cex is not None:
                 return verdict("sat", cex)
+        if method == "bab":
+            return _solve_bab(network, regions, deadline, gen, verdict)
         unknown = False
         for r in regions:
             queue, budget, open_ = [(r.lower, r.upper)], int(max_boxes), False
@@ -290,6 +303,40 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "crown", 
         return verdict("unknown" if unknown else "unsat", None, nboxes)
     except _Timeout:
         return verdict("timeout", None, nboxes)
+
+
+def _solve_bab(network, regions, deadline, gen, verdict):
+    """Each region by ``certify.bab.branch_and_bound``: one group of rows per disjunct (a
+    disjunct is infeasible on a leaf when one of its rows, or their sum, is proved)."""
+    unknown, leaves = False, 0
+    for r in regions:
+        if any(len(rhs) == 0 for _, rhs in r.disjuncts):
+            unknown = True  # an unconstrained disjunct is never infeasible
+            continue
+        mat, rhs, owner = _spec(r, network.n_outputs)
+        shape = tuple(network.input_shape)
+        xl = torch.as_tensor(r.lower, dtype=F64).reshape(1, *shape)
+        xu = torch.as_tensor(r.upper, dtype=F64).reshape(1, *shape)
+        C = torch.as_tensor(mat, dtype=F64).reshape(len(rhs), *network.output_shape)
+
+        def falsify(starts, r=r):
+            try:
+                if starts is None:
+                    return _attack(network, r, r.lower, r.upper, deadline, gen, 8, 40)
+                return _attack(network, r, r.lower, r.upper, deadline, gen, steps=10,
+                               starts=starts.reshape(starts.shape[0], -1))
+            except _Timeout:
+                return None
+
+        out = bab.branch_and_bound(network.graph, xl, xu, C, rhs, owner, deadline=deadline, anchor=(xl + xu) / 2,
+                                   vertex=True, falsify=falsify)
+        leaves += out.bounded
+        if out.counterexample is not None:
+            return verdict("sat", out.counterexample, leaves)
+        if out.timed_out:
+            raise _Timeout
+        unknown |= not all(out.proved)
+    return verdict("unknown" if unknown else "unsat", None, leaves)
 
 
 def result_text(verdict: Verdict) -> str:

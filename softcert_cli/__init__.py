@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": ("softcert_cli.commands.check", "re-check every certificate of a report's results.json independently"),
     "vnncomp": ("softcert_cli.commands.vnncomp", "decide one VNN-COMP instance (ONNX model + VNN-LIB property), write the result file"),
     "depth": ("softcert_cli.commands.depth", "CROWN time and peak memory against model depth (1-8 blocks), ours vs auto_LiRPA"),
+    "bab": ("softcert_cli.commands.bab", "three-valued verdicts (certified/falsified/unknown) by branch and bound, cactus plot, ingredients table"),
     "vnnlib": ("softcert_cli.commands.vnnlib", "the VNN-LIB 2.0 solver command line: verify a property, list supported ONNX operators"),
     "scaling": ("softcert_cli.commands.scaling", "time of a dataset run in-process and on local Dask clusters of N workers, with T(N) = overhead + n·t_task/N"),
 }

@@ -1,0 +1,503 @@
+"""Branch-and-bound on nonlinear neurons (GenBaB-style), with falsification alongside.
+
+Domain: one input box. Intermediate bounds are computed once (``crown.propagate``). A leaf
+is a set of split constraints z_k in [lo, hi] on neurons k that feed an elementwise
+nonlinearity (ReLU, GELU, exp, reciprocal, tanh, ..., and the shifted attention scores,
+which feed exp). In a leaf the constrained node's bounds are tightened to the constraint,
+the nodes downstream of it re-bounded by IBP intersected with the root bounds, and the
+specification is bounded by ``crown.backward`` with alpha-CROWN slopes warm-started from the
+parent (``_bound``: the one place the bound is computed). A split of [lo, hi] at p gives the
+children [lo, p] and [p, hi], whose union is the parent (``split_interval`` asserts it), so
+the leaves always cover the box. A group of rows (a target class, or a VNN-LIB disjunct) is
+proved on a leaf when some row's lower bound exceeds its threshold; the property is proved
+only when every leaf of every group is proved. What to split: the candidate with the largest
+first-order estimate of the bound gain (a BBPS-like shortcut, Shi et al. TACAS 2025): the
+gradient of the leaf's bound with respect to the neuron's interval end points times the
+amount the split moves them, plus, for neurons with an optimised slope, |d bound / d alpha|.
+Vertex-Softmax (``vertex_pv``) bounds P·V in a leaf whenever it beats McCormick (the max of
+both is kept). Falsification: PGD with restarts, and PGD started at each leaf's worst point
+(the minimiser over the box of the leaf's linear lower bound); a counterexample counts only
+after a plain float64 forward pass of the model confirms it.
+"""
+from __future__ import annotations
+
+import copy
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from certify import crown
+from certify.attack import margins, pgd
+from certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, input_box, margin_spec
+
+STATUSES = ("certified", "falsified", "unknown")
+ASSUMPTIONS = ("certified: every BaB leaf proved by certify.crown bounds (the arithmetic of "
+               "certify.crown.ARITHMETIC) on the float64 real-arithmetic traced graph; leaves cover the input "
+               "box by construction (split [lo, hi] at p into [lo, p] and [p, hi]). falsified: a point of the "
+               "box whose margin is < 0 in a plain float64 forward pass of the model. unknown: neither within "
+               "the time budget.")
+
+
+@dataclass(frozen=True)
+class BabVerdict:
+    """One sample's verdict. ``status`` in STATUSES; ``counterexample``: the input (model
+    input shape) where the model's float64 margin is < 0 (falsified only); ``lower_margin``
+    (K,): certified lower bounds of z_y - z_j over the whole box (min over the final leaves;
+    0 at j = y); ``leaves``: leaves bounded; ``vertex_leaves``: of those, leaves where the
+    Vertex-Softmax P·V bound beat McCormick."""
+
+    status: str
+    counterexample: torch.Tensor | None
+    lower_margin: torch.Tensor
+    seconds: float
+    leaves: int
+    method: str = "bab"
+    assumptions: str = field(default=ASSUMPTIONS, repr=False)
+    vertex_leaves: int = 0
+
+
+@dataclass(frozen=True)
+class BabResult:
+    """``certify.verify(..., method="bab")``: one ``BabVerdict`` per sample."""
+
+    verdicts: tuple
+    eps: float
+    method: str = "bab"
+    domain: tuple | None = DOMAIN
+    assumptions: str = field(default=ASSUMPTIONS, repr=False)
+
+    @property
+    def status(self):
+        return tuple(v.status for v in self.verdicts)
+
+    @property
+    def certified(self):
+        return torch.tensor([v.status == "certified" for v in self.verdicts])
+
+    @property
+    def falsified(self):
+        return torch.tensor([v.status == "falsified" for v in self.verdicts])
+
+    def counts(self) -> dict:
+        """{status: number of samples} for every status."""
+        return {s: sum(v.status == s for v in self.verdicts) for s in STATUSES}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``branch_and_bound`` found on one box. ``proved[g]``: group g proved on every
+    leaf; ``lower[g]``: min over the final leaves of max_row (lower bound - rhs) (a lower bound
+    over the whole box, > 0 when proved); ``counterexample``: what ``falsify`` returned, or None;
+    ``timed_out``; ``bounded``: leaves bounded; ``leaves``: the final leaves as (group,
+    constraints, proved) with constraints a tuple of (node, flat index, lo, hi): z_node[index]
+    in [lo, hi] (index into the node's value without the batch axis)."""
+
+    proved: tuple
+    lower: tuple
+    counterexample: object
+    timed_out: bool
+    bounded: int
+    vertex_leaves: int
+    leaves: tuple
+
+
+def split_interval(lo, hi, p):
+    """The two children [lo, p] and [p, hi] of a split of [lo, hi] at p; asserts that p lies
+    strictly inside, so that both children are proper and their union is [lo, hi]."""
+    lo, hi, p = float(lo), float(hi), float(p)
+    if not lo < p < hi:
+        raise AssertionError(f"split point {p!r} outside ({lo!r}, {hi!r}): the children would not cover")
+    left, right = (lo, p), (p, hi)
+    assert left[0] == lo and right[1] == hi and left[1] == right[0]  # [lo, p] ∪ [p, hi] = [lo, hi]
+    return left, right
+
+
+class _Leaf:
+    __slots__ = ("group", "cons", "value", "lb", "alpha", "split")
+
+    def __init__(self, group, cons, value, lb, alpha, split):
+        self.group, self.cons, self.value, self.lb, self.alpha, self.split = group, cons, value, lb, alpha, split
+
+
+def _splittable(graph):
+    """Input node id -> name of the elementwise operator it feeds (the neurons we split),
+    and consumer id -> input id for operators with optimisable slopes."""
+    feeds, slopes = {}, {}
+    for i, n in enumerate(graph.nodes):
+        if n.operator.kind == "elementwise":
+            feeds.setdefault(n.inputs[0], n.op)
+            if getattr(n.operator, "slope_init", None) is not None:
+                slopes[i] = n.inputs[0]
+    return feeds, slopes
+
+
+def _split_points(op, l, u):
+    """Split point per neuron (NaN where no split helps): ReLU at 0 on crossing intervals
+    (the relaxation becomes exact), every other nonlinearity at the midpoint."""
+    finite = torch.isfinite(l) & torch.isfinite(u)
+    if op == "relu":
+        return torch.where((l < 0) & (u > 0), torch.zeros_like(l), torch.nan)
+    mid = l + (u - l) / 2
+    ok = finite & (u - l > 1e-9 * (1 + l.abs() + u.abs())) & (mid > l) & (mid < u)
+    return torch.where(ok, mid, torch.nan)
+
+
+class _Engine:
+    def __init__(self, graph, xl, xu, C, rhs, groups, anchor, vertex, alpha_steps, lr, refine):
+        self.g = graph
+        # inputs of nonlinear nodes small enough to re-bound by CROWN in every leaf
+        self.refine = {j for n in graph.nodes if n.operator.kind in ("elementwise", "bilinear") for j in n.inputs
+                       if not graph.nodes[j].operator.monotone and math.prod(graph.nodes[j].shape) <= refine}
+        self.C, self.rhs, self.groups = C, rhs, groups
+        self.feeds, self.slopes = _splittable(graph)
+        self.vertex = vertex
+        self.pvs = {a["pv"] for a in graph.attention if a["pv"] is not None} if vertex else set()
+        self.alpha_steps, self.lr = alpha_steps, lr
+        with torch.no_grad():
+            self.root = crown.propagate(graph, xl, xu, vertex=vertex, anchor=anchor)
+        ng = int(groups.max()) + 1
+        self.rows = [torch.nonzero(groups == k).flatten() for k in range(ng)]
+        self.width = max(len(r) for r in self.rows)
+        self.bounded = 0
+        self.vertex_wins = 0
+        self.done = []  # proved leaves: (group, constraints)
+
+    # ------------------------------------------------------------ one batch of leaves
+    def _state(self, cons):
+        """The leaf states stacked on the batch axis: root bounds, the constrained neurons
+        tightened, nodes downstream of them re-bounded by IBP (and, for inputs of nonlinear
+        nodes of at most ``refine`` neurons, by CROWN) intersected with the parent bounds.
+        Bounds of splittable nodes and of the input are then fresh tensors requiring grad (for
+        the split scores and the worst points). Returns (state, grad leaves, infeasible (B,))."""
+        root, B = self.root, len(cons)
+        st = crown.BoundState(self.g, *(t.expand(B, *t.shape[1:]) for t in root.bounds[0]))
+        st.consts = {i: c.expand(B, *c.shape[1:]) if c.dim() and c.shape[0] == 1 else c
+                     for i, c in root.consts.items()}
+        bounds = {i: (l.expand(B, *l.shape[1:]), u.expand(B, *u.shape[1:])) for i, (l, u) in root.bounds.items()}
+        st.bounds = bounds
+        tight = {}
+        for b, cs in enumerate(cons):
+            for (node, idx), (lo, hi) in cs.items():
+                tight.setdefault(node, []).append((b, idx, lo, hi))
+        infeasible = torch.zeros(B, dtype=torch.bool)
+        with torch.no_grad():
+            for i, items in tight.items():
+                l, u = (t.clone() for t in bounds[i])
+                bs, ix, los, his = (torch.tensor(v) for v in zip(*items))
+                lf, uf = l.view(B, -1), u.view(B, -1)
+                lf[bs, ix] = torch.maximum(lf[bs, ix], los.to(l.dtype))
+                uf[bs, ix] = torch.minimum(uf[bs, ix], his.to(u.dtype))
+                bounds[i] = (l, u)
+            changed = set(tight)
+            for i in range(1, len(self.g.nodes)):
+                node = self.g.nodes[i]
+                if not any(j in changed for j in node.inputs):
+                    continue
+                st.planes = {}
+                l, u = bounds[i]
+                il, iu = crown.ibp_node(st, i)
+                l = torch.maximum(l, torch.nan_to_num(il, nan=-torch.inf))
+                u = torch.minimum(u, torch.nan_to_num(iu, nan=torch.inf))
+                if i in self.refine:
+                    st.bounds[i] = (l, torch.maximum(l, u))
+                    cl, cu = crown.crown_node(st, i)
+                    l, u = torch.maximum(l, cl), torch.minimum(u, cu)
+                # each encloses z_i on the leaf: disjoint means the leaf holds no input at all
+                infeasible |= (l > u).flatten(1).any(1)
+                bounds[i] = (l, torch.maximum(l, u))
+                changed.add(i)
+        leaves = {}
+        for i in [0, *self.feeds]:
+            leaves[i] = tuple(t.detach().clone().requires_grad_(True) for t in bounds[i])
+            bounds[i] = leaves[i]
+        st.planes = {}
+        return st, leaves, infeasible
+
+    def _backward(self, st, C, alphas):
+        return crown.backward(st, self.g.output, C, alphas=alphas)
+
+    def _bound(self, cons, groups, alpha0, parent_lb):
+        """Bounds (B, W) of the leaves' rows (padded rows: -inf), their alphas, the chosen
+        split per leaf and the worst input point per leaf."""
+        B, W = len(cons), self.width
+        C = self.C.new_zeros(B, W, *self.C.shape[1:])
+        rhs = torch.full((B, W), torch.inf, dtype=torch.float64)
+        for b, k in enumerate(groups):
+            r = self.rows[k]
+            C[b, : len(r)] = self.C[r]
+            rhs[b, : len(r)] = self.rhs[r]
+        st, leaves, infeasible = self._state(cons)
+        # alpha-CROWN on the leaves, warm-started from the parents (a few Adam steps)
+        alphas = {}
+        for k in self.slopes:
+            a = alpha0[k] if alpha0 is not None and k in alpha0 else None
+            if a is None:
+                l, u = self.root.bounds[self.g.nodes[k].inputs[0]]
+                a = self.g.nodes[k].operator.slope_init(l, u).unsqueeze(1).expand(B, W, *l.shape[1:])
+            alphas[k] = a.detach().clone().requires_grad_(True)
+        best = torch.full((B, W), -torch.inf, dtype=torch.float64)
+        if alphas and self.alpha_steps:
+            detached = crown.BoundState(self.g, *(t.detach() for t in st.bounds[0]))
+            detached.bounds = {i: (l.detach(), u.detach()) for i, (l, u) in st.bounds.items()}
+            detached.consts = st.consts
+            opt = torch.optim.Adam(list(alphas.values()), lr=self.lr)
+            # the root gets alpha-CROWN's full 20 steps; children are warm-started
+            for _ in range(self.alpha_steps if alpha0 is not None else max(self.alpha_steps, 20)):
+                lo = self._backward(detached, C, {k: a.clamp(0, 1) for k, a in alphas.items()})
+                best = torch.maximum(best, lo.detach())
+                opt.zero_grad()
+                (-lo[torch.isfinite(lo)].sum()).backward()
+                opt.step()
+                with torch.no_grad():
+                    for a in alphas.values():
+                        a.clamp_(0, 1)
+        lo = self._backward(st, C, alphas or None)
+        wrt = [t for lu in leaves.values() for t in lu] + list(alphas.values())
+        fin = torch.isfinite(lo)
+        grads = torch.autograd.grad(lo[fin].sum(), wrt, allow_unused=True) if fin.any() else [None] * len(wrt)
+        with torch.no_grad():
+            best = torch.maximum(best, lo.detach())
+            if self.pvs:
+                lv = crown.backward(st, self.g.output, C, vertex_pv=self.pvs)
+                self.vertex_wins += int((lv > best).any(1).sum())
+                best = torch.maximum(best, lv)
+            if parent_lb is not None:
+                best = torch.maximum(best, parent_lb)  # a child's domain lies inside its parent's
+            best = torch.where(rhs.isinf(), -torch.inf, best)
+            best = torch.where(infeasible[:, None] & ~rhs.isinf(), torch.inf, best)
+        self.bounded += B
+        g = dict(zip(wrt, grads))
+        # worst point of the summed linear lower bound: xl where its coefficient is > 0
+        xl, xu = leaves[0]
+        gxl, gxu = g.get(xl), g.get(xu)
+        gxl = torch.zeros_like(xl) if gxl is None else gxl
+        gxu = torch.zeros_like(xu) if gxu is None else gxu
+        worst = torch.where(gxl > 0, xl, torch.where(gxu < 0, xu, (xl + xu) / 2)).detach()
+        splits = self._choose(leaves, g, alphas, cons, B)
+        return best, rhs, {k: a.detach() for k, a in alphas.items()}, splits, worst
+
+    def _choose(self, leaves, g, alphas, cons, B):
+        """Per leaf: (node, flat index, lo, hi, p) with the largest estimated gain, or None."""
+        best_score = torch.full((B,), -torch.inf, dtype=torch.float64)
+        best = [None] * B
+        by_input = {}
+        for k, i in self.slopes.items():
+            ga = g.get(alphas[k])
+            if ga is not None:
+                by_input[i] = by_input.get(i, 0) + ga.abs().sum(1)
+        with torch.no_grad():
+            for i, op in self.feeds.items():
+                l, u = leaves[i]
+                l, u = l.detach(), u.detach()
+                p = _split_points(op, l, u)
+                gl = g.get(leaves[i][0])
+                gu = g.get(leaves[i][1])
+                gl = torch.zeros_like(l) if gl is None else gl
+                gu = torch.zeros_like(u) if gu is None else gu
+                score = (-gu).clamp(min=0) * (u - p) + gl.clamp(min=0) * (p - l)
+                if i in by_input:
+                    score = score + by_input[i]
+                # a tie-break that prefers wide intervals when no gradient reaches a neuron
+                score = score + 1e-12 * (u - l)
+                score = torch.where(torch.isnan(p) | torch.isnan(score), -torch.inf, score).view(B, -1)
+                s, ix = score.max(1)
+                for b in torch.nonzero(s > best_score).flatten().tolist():
+                    j = int(ix[b])
+                    best_score[b] = s[b]
+                    best[b] = (i, j, float(l.view(B, -1)[b, j]), float(u.view(B, -1)[b, j]),
+                               float(p.view(B, -1)[b, j]))
+        return best
+
+    # ------------------------------------------------------------ the search
+    def run(self, deadline, falsify, batch, max_leaves):
+        ng = len(self.rows)
+        proved = [False] * ng
+        lower = [-math.inf] * ng
+        final = {k: [] for k in range(ng)}  # proved leaves' values per group
+        cex = None
+        timed_out = time.monotonic() > deadline
+        heap, tick = [], itertools.count()
+        if timed_out:
+            return self._outcome(proved, lower, None, True, heap, final)
+        lb, rhs, alpha, splits, worst = self._bound([{}] * ng, list(range(ng)), None, None)
+        for k in range(ng):
+            v = float((lb[k] - rhs[k]).max())
+            leaf = _Leaf(k, {}, v, lb[k:k + 1], {a: t[k:k + 1] for a, t in alpha.items()}, splits[k])
+            if v > 0:
+                final[k].append(v)
+                self.done.append((k, {}))
+            else:
+                heapq.heappush(heap, (v, next(tick), leaf))
+        if heap and falsify is not None:
+            cex = falsify(None)
+            if cex is None:
+                cex = falsify(worst[[lf.group for _, _, lf in heap]])
+            if cex is not None:
+                return self._outcome(proved, lower, cex, False, heap, final)
+        rounds = 0
+        while heap:
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            if self.bounded >= max_leaves:
+                break
+            take = []
+            while heap and len(take) < batch:
+                item = heapq.heappop(heap)
+                if item[2].split is None:
+                    # nothing left to split in this leaf: it stays open
+                    take.append(None)
+                    heapq.heappush(heap, item)
+                    break
+                take.append(item[2])
+            take = [t for t in take if t is not None]
+            if not take:
+                break
+            cons, groups, alphas, parents = [], [], [], []
+            for leaf in take:
+                node, j, lo, hi, p = leaf.split
+                for child in split_interval(lo, hi, p):
+                    c = dict(leaf.cons)
+                    c[(node, j)] = child
+                    cons.append(c)
+                    groups.append(leaf.group)
+                    alphas.append(leaf.alpha)
+                    parents.append(leaf.lb)
+            alpha0 = {k: torch.cat([a[k] for a in alphas]) for k in alphas[0]} if alphas[0] else None
+            lb, rhs, alpha, splits, worst = self._bound(cons, groups, alpha0, torch.cat(parents))
+            open_ = []
+            for b in range(len(cons)):
+                v = float((lb[b] - rhs[b]).max())
+                if v > 0:
+                    final[groups[b]].append(v)
+                    self.done.append((groups[b], cons[b]))
+                    continue
+                leaf = _Leaf(groups[b], cons[b], v, lb[b:b + 1], {a: t[b:b + 1] for a, t in alpha.items()}, splits[b])
+                heapq.heappush(heap, (v, next(tick), leaf))
+                open_.append(b)
+            rounds += 1
+            if falsify is not None and open_ and rounds % 2 == 1:
+                order = sorted(open_, key=lambda b: float((lb[b] - rhs[b]).max()))[:8]
+                cex = falsify(worst[order])
+                if cex is not None:
+                    return self._outcome(proved, lower, cex, False, heap, final)
+        return self._outcome(proved, lower, cex, timed_out, heap, final)
+
+    def _outcome(self, proved, lower, cex, timed_out, heap, final):
+        ng = len(self.rows)
+        open_by = {k: [v for v, _, lf in heap if lf.group == k] for k in range(ng)}
+        proved = tuple(not open_by[k] and bool(final[k]) and cex is None for k in range(ng))
+        lower = tuple(min(open_by[k] + final[k]) if (open_by[k] or final[k]) else -math.inf for k in range(ng))
+        flat = lambda cs: tuple((n, j, lo, hi) for (n, j), (lo, hi) in cs.items())  # noqa: E731
+        leaves = tuple((k, flat(cs), True) for k, cs in self.done) + \
+            tuple((lf.group, flat(lf.cons), False) for _, _, lf in heap)
+        return Outcome(proved, lower, cex, timed_out, self.bounded, self.vertex_wins, leaves)
+
+
+def branch_and_bound(graph, xl, xu, C, rhs, groups, *, deadline, anchor=None, vertex=True, falsify=None,
+                     batch=16, alpha_steps=4, lr=0.1, max_leaves=1_000_000, refine=128) -> Outcome:
+    """Prove, for every group g, that on every input of the box [xl, xu] (1, *graph input
+    shape) some row r of g has C_r·output > rhs_r. ``C`` (S, *output shape), ``rhs`` (S,),
+    ``groups`` (S,) ints 0..G-1. ``deadline``: time.monotonic() value; ``falsify(points)``:
+    called with None (a plain attack) or start points (P, *graph input shape); returns a
+    confirmed counterexample or None. ``vertex``: Vertex-Softmax intervals and P·V bounds.
+    ``refine``: in a leaf, inputs of nonlinear nodes downstream of a split with at most this
+    many neurons are re-bounded by CROWN (larger ones by IBP only); ``batch``: leaves split
+    per round (twice as many children bounded at once); ``alpha_steps``: Adam steps per leaf."""
+    groups = torch.as_tensor(groups, dtype=torch.int64)
+    eng = _Engine(graph, xl, xu, C, torch.as_tensor(rhs, dtype=torch.float64), groups, anchor, vertex,
+                  alpha_steps, lr, refine)
+    return eng.run(deadline, falsify, batch, max_leaves)
+
+
+# ---------------------------------------------------------------- classification margins
+def _attack_from(model64, starts, label, lo, hi, eps, steps=20):
+    """PGD on the worst margin from the given start points, projected onto [lo, hi]."""
+    x = torch.minimum(torch.maximum(starts, lo), hi)
+    lab = label.expand(len(x))
+    step = eps / 4
+    other = torch.ones(1, margins(model64, lo, label).shape[1], dtype=torch.bool)
+    other[0, label] = False
+    for _ in range(steps):
+        x = x.detach().requires_grad_(True)
+        m = margins(model64, x, lab)
+        w = torch.where(other, m, torch.inf).min(1).values
+        if (w < 0).any():
+            return x[int(w.argmin())].detach()
+        (grad,) = torch.autograd.grad(-w.sum(), x)
+        x = torch.minimum(torch.maximum(x + step * grad.sign(), lo), hi)
+    with torch.no_grad():
+        m = margins(model64, x, lab)
+    w = torch.where(other, m, torch.inf).min(1).values
+    return x[int(w.argmin())].detach() if (w < 0).any() else None
+
+
+def _confirmed(model64, x, label):
+    """x (1, ...) is a counterexample iff a plain float64 forward pass gives some z_j > z_y."""
+    with torch.no_grad():
+        m = margins(model64, x, label)
+    m[0, label] = torch.inf
+    return bool((m < 0).any())
+
+
+def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=True, attack=True, batch=16, alpha_steps=4,
+           restarts=2, steps=40, seed=0, max_leaves=1_000_000, refine=128) -> BabResult:
+    """Three-valued verdicts for ``model`` at inputs ``x`` (B, ...) with labels ``label`` over
+    the L∞ ball of radius ``eps`` clipped to ``domain``, each sample within ``timeout``
+    seconds: certified (every margin z_y - z_j proved positive on every leaf), falsified
+    (a counterexample confirmed in float64) or unknown. ``vertex``: Vertex-Softmax in the
+    leaves; ``attack``: falsification alongside (PGD with ``restarts`` x ``steps``, then
+    from leaves' worst points)."""
+    from certify.api import graph_of
+
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) \
+            or timeout <= 0:
+        raise ValueError(f"timeout: expected a positive finite number of seconds, got {timeout!r}")
+    domain = None if domain is None else check_domain(domain)
+    eps = check_eps(eps)
+    x = check_images(model, x, domain)
+    graph = graph_of(model, x)
+    model64 = copy.deepcopy(model).double().eval()
+    out = graph.nodes[graph.output].shape
+    classes = int(torch.tensor(out[1:]).prod()) if len(out) > 1 else 1
+    label = check_labels(label, x.shape[0], classes)
+    lo, hi = input_box(x, eps, domain)
+    name = "bab" if vertex else "bab-novertex"
+    verdicts = []
+    for b in range(x.shape[0]):
+        t0 = time.monotonic()
+        deadline = t0 + float(timeout)
+        lab = label[b:b + 1]
+        C = margin_spec(lab, classes).reshape(classes, *out)
+        keep = [j for j in range(classes) if j != int(lab)]
+        gen_seed = seed + b
+
+        def falsify(starts, b=b, lab=lab, deadline=deadline, gen_seed=gen_seed):
+            if not attack or time.monotonic() > deadline:
+                return None
+            if starts is None:
+                xa, m = pgd(model64, x[b:b + 1], lab, eps, steps, restarts, seed=gen_seed, domain=domain)
+                m[0, lab] = torch.inf
+                found = xa if bool((m < 0).any()) else None
+            else:
+                found = _attack_from(model64, starts.squeeze(1), lab, lo[b:b + 1], hi[b:b + 1], eps)
+                found = None if found is None else found.unsqueeze(0)
+            return found if found is not None and _confirmed(model64, found, lab) else None
+
+        res = branch_and_bound(graph, lo[b:b + 1].unsqueeze(1), hi[b:b + 1].unsqueeze(1), C[keep],
+                               torch.zeros(len(keep)), torch.arange(len(keep)), deadline=deadline,
+                               anchor=x[b:b + 1].unsqueeze(1), vertex=vertex, falsify=falsify, batch=batch,
+                               alpha_steps=alpha_steps, max_leaves=max_leaves, refine=refine)
+        lm = torch.zeros(classes, dtype=torch.float64)
+        lm[keep] = torch.tensor(res.lower, dtype=torch.float64)
+        if res.counterexample is not None:
+            status, cex = "falsified", res.counterexample.reshape(x.shape[1:])
+        else:
+            status, cex = ("certified" if all(res.proved) else "unknown"), None
+        verdicts.append(BabVerdict(status, cex, lm, time.monotonic() - t0, res.bounded, name, ASSUMPTIONS,
+                                   res.vertex_leaves))
+    return BabResult(tuple(verdicts), eps, name, domain)
