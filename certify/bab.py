@@ -154,6 +154,9 @@ class _Engine:
                        if not graph.nodes[j].operator.monotone and math.prod(graph.nodes[j].shape) <= refine}
         self.C, self.rhs, self.groups = C, rhs, groups
         self.feeds, self.slopes = _splittable(graph)
+        # products with an optimisable McCormick interpolation (certify/ops/bilinear.py)
+        self.products = [i for i, n in enumerate(graph.nodes)
+                         if n.operator.kind == "bilinear" and callable(getattr(n.operator, "alpha_init", None))]
         self.vertex = vertex
         self.pvs = {a["pv"] for a in graph.attention if a["pv"] is not None} if vertex else set()
         self.alpha_steps, self.lr = alpha_steps, lr
@@ -233,11 +236,15 @@ class _Engine:
         st, leaves, infeasible = self._state(cons)
         # alpha-CROWN on the leaves, warm-started from the parents (a few Adam steps)
         alphas = {}
-        for k in self.slopes:
+        for k in [*self.slopes, *self.products]:
             a = alpha0[k] if alpha0 is not None and k in alpha0 else None
-            if a is None:
+            if a is None and k in self.slopes:
                 l, u = self.root.bounds[self.g.nodes[k].inputs[0]]
                 a = self.g.nodes[k].operator.slope_init(l, u).unsqueeze(1).expand(B, W, *l.shape[1:])
+            elif a is None:
+                node = self.g.nodes[k]
+                init = node.operator.alpha_init(B, node.shape).to(torch.float64)
+                a = init.unsqueeze(1).expand(B, W, *init.shape[1:])
             alphas[k] = a.detach().clone().requires_grad_(True)
         best = torch.full((B, W), -torch.inf, dtype=torch.float64)
         if alphas and self.alpha_steps:

@@ -120,14 +120,18 @@ def test_falsified_counterexamples_are_real():
         assert (v.lower_margin <= _grid_margins(xs[b], int(ys[b]), eps) + 1e-12).all()
 
 
-def test_bab_proves_what_alpha_crown_cannot():
-    # alpha-CROWN leaves this sample open; BaB without Vertex leaves proves it by splitting
+def test_bab_proves_what_relu_only_alpha_crown_cannot():
+    # alpha-CROWN with ReLU slopes only leaves this sample open; BaB (without Vertex leaves)
+    # proves it. Since every relaxation became optimisable (certify/ops/bilinear.py,
+    # elementwise.py) its root alpha-CROWN alone already does here: on this model splitting
+    # adds no certificate at eps <= 0.033 (measured while merging; the split machinery is
+    # covered by the leaf-coverage tests)
     x, y = X[2:3], Y[2:3]
     eps = 0.028
-    assert not certify.verify(MODEL, x, y, eps, method="alpha-crown", domain=None).certified.item()
+    assert not certify.verify(MODEL, x, y, eps, method="alpha-crown-relu", domain=None).certified.item()
     r = bab.verify(MODEL, x, y, eps, timeout=60, domain=None, vertex=False, max_leaves=200)
     v = r.verdicts[0]
-    assert r.status == ("certified",) and v.leaves > 2 and r.method == "bab-novertex"
+    assert r.status == ("certified",) and r.method == "bab-novertex"
     grid = _grid_margins(x[0], int(y), eps)
     others = torch.arange(3) != y
     assert (v.lower_margin[others] > 0).all() and (v.lower_margin <= grid + 1e-12).all()
