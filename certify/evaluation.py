@@ -27,7 +27,7 @@ from certify.spec import (
     check_labels,
 )
 
-TOLERANCE = 1e-9  # PGD margins are float64 forward passes; bounds are widened by more than this
+TOLERANCE = 1e-9  # PGD margins come from float64 forward passes: their own rounding error, not the bound's
 
 
 class SoundnessError(RuntimeError):
