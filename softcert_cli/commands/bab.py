@@ -132,8 +132,8 @@ def _write(out, rows, commands, args):
              "(certify/bab.py): alpha-CROWN at the root, then splits of ReLU, exp and reciprocal inputs and of",
              "attention scores, alpha warm-started from the parent, falsification (PGD, then PGD from each",
              "leaf's worst point) alongside; bab-novertex: the same without Vertex-Softmax intervals and P·V",
-             "leaves. alpha-crown-relu and alpha-crown are both `" + _registered("alpha-crown-relu") + "` here "
-             "(ReLU slopes only) until the all-relaxation alpha-CROWN is merged; rerun then.", ""]
+             "leaves. alpha-crown-relu: alpha-CROWN on the ReLU slopes only (method `" + _registered("alpha-crown-relu")
+             + "`); alpha-crown: on every optimisable relaxation (certify/ops).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model}", "", "### Verdicts (bab) and certified counts per ingredient", "",
