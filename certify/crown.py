@@ -296,12 +296,13 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmeti
 
 
 INTERMEDIATE = ("full", "sparse", "dense")
-#: coefficients per chunk of intermediate-bound rows (crown_node): 128 KB of float64, so that
-#: a backward step's operands stay in a core's L2 cache. Measured on mnist-vit2 (CPU time of
-#: propagate, one thread, on a machine loaded by other jobs): 2**14 took 2.6-3.4 s, 2**15
-#: 21-22 s, 2**16 19-66 s, the dense ELEMENT_BUDGET chunks 6-8 s; on a lighter load 2**16
-#: was about 1.3x faster than 2**14. Cache contention decides, so the small size is the default.
-CHUNK_ELEMENTS = 2**14
+#: coefficients per chunk of intermediate-bound rows (crown_node): 2 MB of float64. The
+#: backward pass is dominated by per-step Python overhead, so fewer, larger chunks win:
+#: `python examples/chunk_benchmark.py --images 4` (one thread, quiet machine, 2026-12-03)
+#: gave CPU s per image 7.1 / 2.4 / 1.4 / 1.3 (mnist-vit1) and 23.6 / 8.5 / 4.9 / 4.9
+#: (mnist-vit2) for 2**14 / 2**16 / 2**18 / 2**20, with identical margins. (An earlier
+#: measurement under heavy load favoured 2**14; it did not reproduce on a quiet machine.)
+CHUNK_ELEMENTS = 2**18
 
 
 def _numel(shape):
