@@ -185,7 +185,7 @@ def vertex_pv_term(state, pv, A):
 def crown_node(state, i, select=None):
     """CROWN bounds (l, u) of node i, each (B, *shape): one lower row e_k and one upper row
     -e_k per element k where ``select`` (bool (B, *shape); default all) holds, in chunks of
-    about CHUNK_ELEMENTS coefficients (cache-sized: the backward pass is memory bound; see
+    about CHUNK_ELEMENTS coefficients (few large chunks: the backward pass is overhead bound; see
     CHUNK_ELEMENTS). Unselected elements get (-inf, inf). Images of a batch with fewer selected elements are
     padded with rows whose result is discarded."""
     shape = state.g.nodes[i].shape
