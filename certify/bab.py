@@ -235,8 +235,10 @@ class _Engine:
             rhs[b, : len(r)] = self.rhs[r]
         st, leaves, infeasible = self._state(cons)
         # alpha-CROWN on the leaves, warm-started from the parents (a few Adam steps)
-        alphas = {}
+        alphas, ranges = {}, {}
         for k in [*self.slopes, *self.products]:
+            # each family's declared range, where every value gives a sound relaxation
+            ranges[k] = crown.ALPHA_RANGE if k in self.slopes else self.g.nodes[k].operator.alpha_range
             a = alpha0[k] if alpha0 is not None and k in alpha0 else None
             if a is None and k in self.slopes:
                 l, u = self.root.bounds[self.g.nodes[k].inputs[0]]
@@ -254,14 +256,14 @@ class _Engine:
             opt = torch.optim.Adam(list(alphas.values()), lr=self.lr)
             # the root gets alpha-CROWN's full 20 steps; children are warm-started
             for _ in range(self.alpha_steps if alpha0 is not None else max(self.alpha_steps, 20)):
-                lo = self._backward(detached, C, {k: a.clamp(0, 1) for k, a in alphas.items()})
+                lo = self._backward(detached, C, {k: a.clamp(*ranges[k]) for k, a in alphas.items()})
                 best = torch.maximum(best, lo.detach())
                 opt.zero_grad()
                 (-lo[torch.isfinite(lo)].sum()).backward()
                 opt.step()
                 with torch.no_grad():
-                    for a in alphas.values():
-                        a.clamp_(0, 1)
+                    for k, a in alphas.items():
+                        a.clamp_(*ranges[k])
         lo = self._backward(st, C, alphas or None)
         wrt = [t for lu in leaves.values() for t in lu] + list(alphas.values())
         fin = torch.isfinite(lo)
