@@ -147,8 +147,9 @@ def _split_points(op, l, u):
 
 
 class _Engine:
-    def __init__(self, graph, xl, xu, C, rhs, groups, anchor, vertex, alpha_steps, lr, refine):
+    def __init__(self, graph, xl, xu, C, rhs, groups, anchor, vertex, alpha_steps, lr, refine, beta=True):
         self.g = graph
+        self.beta = beta
         # inputs of nonlinear nodes small enough to re-bound by CROWN in every leaf
         self.refine = {j for n in graph.nodes if n.operator.kind in ("elementwise", "bilinear") for j in n.inputs
                        if not graph.nodes[j].operator.monotone and math.prod(graph.nodes[j].shape) <= refine}
@@ -220,8 +221,25 @@ class _Engine:
         st.planes = {}
         return st, leaves, infeasible
 
-    def _backward(self, st, C, alphas):
-        return crown.backward(st, self.g.output, C, alphas=alphas)
+    def _backward(self, st, C, params, cbounds):
+        """crown.backward with the slopes/interpolations (int keys of ``params``) and the split
+        constraints' multipliers ((node, "lo"|"hi") keys) of the leaves."""
+        alphas = {k: a for k, a in params.items() if isinstance(k, int)}
+        cons = {i: (lo, hi, params[(i, "lo")], params[(i, "hi")]) for i, (lo, hi) in cbounds.items()}
+        return crown.backward(st, self.g.output, C, alphas=alphas or None, constraints=cons)
+
+    def _constraint_bounds(self, cons, B):
+        """node -> (lo, hi) (B, *shape), ±inf where a leaf has no constraint on the neuron."""
+        out = {}
+        for b, cs in enumerate(cons):
+            for (node, idx), (lo, hi) in cs.items():
+                if node not in out:
+                    shape = self.g.nodes[node].shape
+                    out[node] = (torch.full((B, *shape), -torch.inf, dtype=torch.float64),
+                                 torch.full((B, *shape), torch.inf, dtype=torch.float64))
+                out[node][0].view(B, -1)[b, idx] = lo
+                out[node][1].view(B, -1)[b, idx] = hi
+        return out
 
     def _bound(self, cons, groups, alpha0, parent_lb):
         """Bounds (B, W) of the leaves' rows (padded rows: -inf), their alphas, the chosen
@@ -248,6 +266,15 @@ class _Engine:
                 init = node.operator.alpha_init(B, node.shape).to(torch.float64)
                 a = init.unsqueeze(1).expand(B, W, *init.shape[1:])
             alphas[k] = a.detach().clone().requires_grad_(True)
+        cbounds = self._constraint_bounds(cons, B) if self.beta else {}
+        for i in cbounds:
+            for side in ("lo", "hi"):
+                k = (i, side)
+                a = alpha0.get(k) if alpha0 is not None else None
+                if a is None:
+                    a = torch.zeros(B, W, *self.g.nodes[i].shape, dtype=torch.float64)
+                alphas[k] = a.detach().clone().requires_grad_(True)
+                ranges[k] = (0.0, math.inf)  # any multiplier >= 0 is sound
         best = torch.full((B, W), -torch.inf, dtype=torch.float64)
         if alphas and self.alpha_steps:
             detached = crown.BoundState(self.g, *(t.detach() for t in st.bounds[0]))
@@ -256,7 +283,7 @@ class _Engine:
             opt = torch.optim.Adam(list(alphas.values()), lr=self.lr)
             # the root gets alpha-CROWN's full 20 steps; children are warm-started
             for _ in range(self.alpha_steps if alpha0 is not None else max(self.alpha_steps, 20)):
-                lo = self._backward(detached, C, {k: a.clamp(*ranges[k]) for k, a in alphas.items()})
+                lo = self._backward(detached, C, {k: a.clamp(*ranges[k]) for k, a in alphas.items()}, cbounds)
                 best = torch.maximum(best, lo.detach())
                 opt.zero_grad()
                 (-lo[torch.isfinite(lo)].sum()).backward()
@@ -264,14 +291,15 @@ class _Engine:
                 with torch.no_grad():
                     for k, a in alphas.items():
                         a.clamp_(*ranges[k])
-        lo = self._backward(st, C, alphas or None)
+        lo = self._backward(st, C, alphas, cbounds)
         wrt = [t for lu in leaves.values() for t in lu] + list(alphas.values())
         fin = torch.isfinite(lo)
         grads = torch.autograd.grad(lo[fin].sum(), wrt, allow_unused=True) if fin.any() else [None] * len(wrt)
         with torch.no_grad():
             best = torch.maximum(best, lo.detach())
             if self.pvs:
-                lv = crown.backward(st, self.g.output, C, vertex_pv=self.pvs)
+                cons_now = {i: (lo_, hi_, alphas[(i, "lo")], alphas[(i, "hi")]) for i, (lo_, hi_) in cbounds.items()}
+                lv = crown.backward(st, self.g.output, C, vertex_pv=self.pvs, constraints=cons_now)
                 self.vertex_wins += int((lv > best).any(1).sum())
                 best = torch.maximum(best, lv)
             if parent_lb is not None:
@@ -295,7 +323,7 @@ class _Engine:
         best = [None] * B
         by_input = {}
         for k, i in self.slopes.items():
-            ga = g.get(alphas[k])
+            ga = g.get(alphas.get(k))
             if ga is not None:
                 by_input[i] = by_input.get(i, 0) + ga.abs().sum(1)
         with torch.no_grad():
@@ -320,6 +348,18 @@ class _Engine:
                     best[b] = (i, j, float(l.view(B, -1)[b, j]), float(u.view(B, -1)[b, j]),
                                float(p.view(B, -1)[b, j]))
         return best
+
+    def _warm_start(self, params):
+        """The children's starting parameters, stacked: the parents' (leaves without a
+        multiplier for some constrained node, e.g. a sibling's new split, start it at 0)."""
+        keys = list(dict.fromkeys(k for p in params for k in p))
+        if not keys:
+            return None
+        out = {}
+        for k in keys:
+            like = next(p[k] for p in params if k in p)
+            out[k] = torch.cat([p[k] if k in p else torch.zeros_like(like) for p in params])
+        return out
 
     # ------------------------------------------------------------ the search
     def run(self, deadline, falsify, batch, max_leaves):
@@ -376,7 +416,7 @@ class _Engine:
                     groups.append(leaf.group)
                     alphas.append(leaf.alpha)
                     parents.append(leaf.lb)
-            alpha0 = {k: torch.cat([a[k] for a in alphas]) for k in alphas[0]} if alphas[0] else None
+            alpha0 = self._warm_start(alphas)
             lb, rhs, alpha, splits, worst = self._bound(cons, groups, alpha0, torch.cat(parents))
             open_ = []
             for b in range(len(cons)):
@@ -408,7 +448,7 @@ class _Engine:
 
 
 def branch_and_bound(graph, xl, xu, C, rhs, groups, *, deadline, anchor=None, vertex=True, falsify=None,
-                     batch=16, alpha_steps=4, lr=0.1, max_leaves=1_000_000, refine=128) -> Outcome:
+                     batch=16, alpha_steps=4, lr=0.1, max_leaves=1_000_000, refine=128, beta=True) -> Outcome:
     """Prove, for every group g, that on every input of the box [xl, xu] (1, *graph input
     shape) some row r of g has C_r·output > rhs_r. ``C`` (S, *output shape), ``rhs`` (S,),
     ``groups`` (S,) ints 0..G-1. ``deadline``: time.monotonic() value; ``falsify(points)``:
@@ -416,10 +456,11 @@ def branch_and_bound(graph, xl, xu, C, rhs, groups, *, deadline, anchor=None, ve
     confirmed counterexample or None. ``vertex``: Vertex-Softmax intervals and P·V bounds.
     ``refine``: in a leaf, inputs of nonlinear nodes downstream of a split with at most this
     many neurons are re-bounded by CROWN (larger ones by IBP only); ``batch``: leaves split
-    per round (twice as many children bounded at once); ``alpha_steps``: Adam steps per leaf."""
+    per round (twice as many children bounded at once); ``alpha_steps``: Adam steps per leaf;
+    ``beta``: the split constraints enter the bound with optimised multipliers (beta-CROWN)."""
     groups = torch.as_tensor(groups, dtype=torch.int64)
     eng = _Engine(graph, xl, xu, C, torch.as_tensor(rhs, dtype=torch.float64), groups, anchor, vertex,
-                  alpha_steps, lr, refine)
+                  alpha_steps, lr, refine, beta)
     return eng.run(deadline, falsify, batch, max_leaves)
 
 
@@ -454,13 +495,14 @@ def _confirmed(model64, x, label):
 
 
 def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=True, attack=True, batch=16, alpha_steps=4,
-           restarts=2, steps=40, seed=0, max_leaves=1_000_000, refine=128) -> BabResult:
+           restarts=2, steps=40, seed=0, max_leaves=1_000_000, refine=128, beta=True) -> BabResult:
     """Three-valued verdicts for ``model`` at inputs ``x`` (B, ...) with labels ``label`` over
     the L∞ ball of radius ``eps`` clipped to ``domain``, each sample within ``timeout``
     seconds: certified (every margin z_y - z_j proved positive on every leaf), falsified
     (a counterexample confirmed in float64) or unknown. ``vertex``: Vertex-Softmax in the
     leaves; ``attack``: falsification alongside (PGD with ``restarts`` x ``steps``, then
-    from leaves' worst points)."""
+    from leaves' worst points); ``beta``: split constraints enter the leaves' bounds with
+    optimised multipliers (beta-CROWN; False: only through the tightened neuron bounds)."""
     from certify.api import graph_of
 
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) \
@@ -500,7 +542,7 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=True, attack=
         res = branch_and_bound(graph, lo[b:b + 1].unsqueeze(1), hi[b:b + 1].unsqueeze(1), C[keep],
                                torch.zeros(len(keep)), torch.arange(len(keep)), deadline=deadline,
                                anchor=x[b:b + 1].unsqueeze(1), vertex=vertex, falsify=falsify, batch=batch,
-                               alpha_steps=alpha_steps, max_leaves=max_leaves, refine=refine)
+                               alpha_steps=alpha_steps, max_leaves=max_leaves, refine=refine, beta=beta)
         lm = torch.zeros(classes, dtype=torch.float64)
         lm[keep] = torch.tensor(res.lower, dtype=torch.float64)
         if res.counterexample is not None:

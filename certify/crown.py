@@ -99,25 +99,61 @@ def ibp_node(state, i):
 
 
 # ---------------------------------------------------------------- backward propagation
-def backward(state, target, A, *, alphas=None, vertex_pv=(), arithmetic=None):
+def backward(state, target, A, *, alphas=None, vertex_pv=(), arithmetic=None, constraints=None):
     """Lower bound (B, S) of A·x_target over the input box. ``A``: (B, S, *shape).
 
     ``alphas``: node id -> ReLU lower slopes (B, S, *shape). ``vertex_pv``: ids of P·V
     nodes whose term is bounded by Vertex-Softmax instead of McCormick planes.
+    ``constraints``: node id -> (lo, hi, beta_lo, beta_hi): the bound holds over the inputs of
+    the box whose z_node lies in [lo, hi] (B, *shape; ±inf where unconstrained), with the
+    Lagrange multipliers beta (B, S, *shape; negative values count as 0) adding
+    -beta_lo (z - lo) - beta_hi (hi - z) <= 0 to A·x_target (beta-CROWN, Wang et al. 2021;
+    any beta >= 0 is sound, the multipliers only change tightness).
     ``arithmetic``: "sound" or "plain" (default: the one ``propagate`` used).
     Invariant (sound): A·x_target >= Σ_j coef_j·x_j + bias for every real input in the box,
     with the float64 coef and bias as they stand; each step keeps it by charging its error."""
     mode = _mode(state, arithmetic)
     with rounding(mode):
-        return _backward(state, target, A, alphas, vertex_pv, mode == "sound")
+        return _backward(state, target, A, alphas, vertex_pv, mode == "sound", constraints or {})
 
 
-def _backward(state, target, A, alphas, vertex_pv, sound):
+def _lagrangian(state, i, lo, hi, blo, bhi, sound):
+    """(d, b, err): A·x >= (A + d)·z_i + b - err + ... on {lo <= z_i <= hi} for the float
+    multipliers beta >= 0: d = beta_hi - beta_lo, b = Σ beta_lo lo - beta_hi hi. ``err``
+    charges the rounding of d (u |d| max|z_i|) and of the sums in b (as ``_concretise``)."""
+    has_lo, has_hi = torch.isfinite(lo).unsqueeze(1), torch.isfinite(hi).unsqueeze(1)
+    blo = torch.where(has_lo, blo.clamp(min=0), 0.0)
+    bhi = torch.where(has_hi, bhi.clamp(min=0), 0.0)
+    lo1 = torch.where(has_lo, lo.unsqueeze(1), 0.0)
+    hi1 = torch.where(has_hi, hi.unsqueeze(1), 0.0)
+    d = bhi - blo
+    b = ops.sum_rest(blo * lo1) - ops.sum_rest(bhi * hi1)
+    if not sound:
+        return d, b, torch.zeros_like(b)
+    n = math.prod(d.shape[2:])
+    total = ops.sum_rest(blo * lo1.abs()) + ops.sum_rest(bhi * hi1.abs())
+    err = scale_charge(total, n + 1, 2 * n) + floor_charge(2 * n, 1.0)
+    err = err + charge(d, magnitude(*state.bounds[i]).unsqueeze(1), 1)
+    return d, b, err
+
+
+def _backward(state, target, A, alphas, vertex_pv, sound, constraints):
     g = state.g
     coef = {target: A}
     bias = A.new_zeros(A.shape[:2])
     add = add_down if sound else torch.add
     for i in range(target, -1, -1):
+        if i in constraints:
+            # every consumer of z_i has a larger id, so coef[i] is complete here
+            d, b, err = _lagrangian(state, i, *constraints[i], sound)
+            bias = sub_down(add_down(bias, b), err) if sound else bias + b
+            if i not in coef:
+                coef[i] = d
+            else:
+                s = coef[i] + d
+                if sound:
+                    bias = sub_down(bias, charge(s, magnitude(*state.bounds[i]).unsqueeze(1), 1))
+                coef[i] = s
         if i not in coef:
             continue
         Ai, node = coef.pop(i), g.nodes[i]

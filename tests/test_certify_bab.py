@@ -293,3 +293,130 @@ def test_cli_bab_writes_table_json_and_cactus(tmp_path, capsys):
     assert "--methods" in capsys.readouterr().err
     assert main(["bab", "--timeout", "0", "--out", str(tmp_path)]) == 2
     assert "--timeout" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- split constraints (beta)
+def _node_values(graph, pts, state):
+    """Every node's value at the points (P, *input shape), float64."""
+    from certify import ops
+
+    vals = [pts]
+    with torch.no_grad():
+        for i, n in enumerate(graph.nodes[1:], 1):
+            vals.append(ops.forward(n, [vals[j] for j in n.inputs], state.consts.get(i)))
+    return vals
+
+
+def test_multiplier_carries_the_split_into_the_bound():
+    """out = z = x on [-1, 1] with the leaf constraint z >= 0.5: without a multiplier the
+    constraint is lost (bound -1); beta_lo = 1 gives the exact leaf minimum 0.5, never more."""
+    from certify import crown
+
+    model = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)).double()
+    with torch.no_grad():
+        for lin in model:
+            lin.weight.fill_(1.0)
+            lin.bias.fill_(0.0)
+    x = torch.zeros(1, 1, dtype=torch.float64)
+    g = graph_of(model, x)
+    z = next(i for i, n in enumerate(g.nodes) if n.op == "linear")
+    st = crown.propagate(g, -torch.ones(1, 1, 1, dtype=torch.float64), torch.ones(1, 1, 1, dtype=torch.float64))
+    C = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    lo, hi = torch.full((1, 1, 1), 0.5, dtype=torch.float64), torch.full((1, 1, 1), torch.inf, dtype=torch.float64)
+    free = crown.backward(st, g.output, C)
+    for beta, want in ((0.0, -1.0), (1.0, 0.5)):
+        b = torch.full((1, 1, 1, 1), beta, dtype=torch.float64)
+        got = float(crown.backward(st, g.output, C, constraints={z: (lo, hi, b, torch.zeros_like(b))}))
+        assert want - 1e-12 <= got <= want, (beta, got)
+    assert float(free) <= -1.0 + 1e-12
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.sampled_from([1e-3, 1.0, 30.0, 1e4]))
+def test_split_constraint_bounds_hold_on_the_leaf(seed, scale):
+    """For random split constraints on the ReLU and exp inputs of the tiny model and random
+    multipliers beta >= 0, the bound never exceeds the grid minimum of C·out over the grid
+    points of the box that satisfy the constraints (the leaf)."""
+    from certify import crown
+
+    gen = torch.Generator().manual_seed(seed)
+    b = seed % 6
+    x, y = X[b:b + 1], int(Y[b])
+    g = graph_of(MODEL, x)
+    lo, hi = input_box(x, EPS, None)
+    st_ = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), anchor=x.unsqueeze(1))
+    C = margin_spec(torch.tensor([y]), 3).reshape(3, *g.nodes[g.output].shape)[None]
+    pts = _grid(lo[0], hi[0])[::7].reshape(-1, 1, 2)
+    vals = _node_values(g, pts, st_)
+    inside = torch.ones(len(pts), dtype=torch.bool)
+    cons = {}
+    feeds, _ = bab._splittable(g)
+    for i in feeds:
+        l, u = st_.bounds[i]
+        lo_c = torch.full_like(l, -torch.inf)
+        hi_c = torch.full_like(u, torch.inf)
+        flat_l, flat_u = l.flatten(), u.flatten()
+        for k in torch.randperm(flat_l.numel(), generator=gen)[:2].tolist():
+            if not (torch.isfinite(flat_l[k]) and torch.isfinite(flat_u[k]) and flat_u[k] > flat_l[k]):
+                continue
+            p = float(flat_l[k] + (flat_u[k] - flat_l[k]) * torch.rand(1, generator=gen, dtype=torch.float64))
+            side = torch.rand(1, generator=gen).item() < 0.5
+            if side:
+                lo_c.view(-1)[k] = p
+            else:
+                hi_c.view(-1)[k] = p
+            v = vals[i].reshape(len(pts), -1)[:, k]
+            inside &= (v >= p) if side else (v <= p)
+        shape = (1, C.shape[1], *l.shape[1:])
+        cons[i] = (lo_c, hi_c, scale * torch.rand(shape, generator=gen, dtype=torch.float64),
+                   scale * torch.rand(shape, generator=gen, dtype=torch.float64))
+    if not inside.any():
+        return  # an empty leaf: any bound holds
+    bound = crown.backward(st_, g.output, C, constraints=cons)[0]
+    out = vals[g.output].reshape(len(pts), -1)[inside]
+    grid_min = (out @ C[0].reshape(C.shape[1], -1).T).min(0).values
+    assert (bound <= grid_min).all(), (bound, grid_min)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_optimised_multipliers_reach_the_leaf_minimum_of_a_linear_model(seed):
+    """On a linear model CROWN is exact, so with the constraint a·x >= p (a hidden neuron
+    split) the best multiplier gives the LP minimum over the leaf (strong duality): Adam on
+    beta must come within 5e-3 of the grid minimum of the leaf, and never exceed it."""
+    from certify import crown
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Linear(4, 3)).double()
+    x = torch.rand(1, 2, dtype=torch.float64)
+    g = graph_of(model, x)
+    z = next(i for i, n in enumerate(g.nodes) if n.op == "linear")
+    lo, hi = input_box(x, 0.3, None)
+    s = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1))
+    l, u = s.bounds[z]
+    C = torch.tensor([[[1.0, -1.0, 0.5]]], dtype=torch.float64).reshape(1, 1, *g.nodes[g.output].shape)
+    pts = _grid(lo[0], hi[0]).reshape(-1, 1, 2)
+    vals = _node_values(g, pts, s)
+    obj = vals[g.output].reshape(len(pts), -1) @ C.reshape(-1)
+    z1 = vals[z].reshape(len(pts), -1)[:, 1]
+    p = float((l + u).flatten()[1] / 2)  # split neuron 1 at its midpoint
+    # keep the side without the box minimiser, so that the constraint is active
+    keep_above = bool(z1[obj.argmin()] < p)
+    lo_c, hi_c = torch.full_like(l, -torch.inf), torch.full_like(u, torch.inf)
+    (lo_c if keep_above else hi_c).view(-1)[1] = p
+    leaf = z1 >= p if keep_above else z1 <= p
+    grid_min = float(obj[leaf].min())
+    beta = torch.zeros(1, 1, *l.shape[1:], dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([beta], lr=0.05)
+    best = -math.inf
+    for _ in range(300):
+        zero = torch.zeros_like(beta)
+        b = crown.backward(s, g.output, C, constraints={z: (lo_c, hi_c, beta, zero) if keep_above
+                                                          else (lo_c, hi_c, zero, beta)})
+        best = max(best, float(b))
+        assert float(b) <= grid_min
+        opt.zero_grad()
+        (-b.sum()).backward()
+        opt.step()
+    free = float(crown.backward(s, g.output, C))
+    # the constraint is active (the box minimum lies outside the leaf) and beta recovers it
+    assert free < grid_min - 1e-2 and best >= grid_min - 5e-3, (best, grid_min, free)
