@@ -124,13 +124,14 @@ def _write(out, rows, commands, args):
     common.write_json(out / "bab.json", {"commands": commands, "rows": rows})
     cols = [m for m in args.methods if m != BASELINE]
     lines = ["# Branch and bound: three-valued verdicts", "",
-             "Regenerate: " + "; then ".join(f"`{c}`" for c in commands) + " (1 CPU thread per process; a shared",
-             "2-core machine under load from other jobs, so times are inflated and noisy). Ball: L∞ radius eps",
+             "Regenerate: " + "; then ".join(f"`{c}`" for c in commands) + " (1 CPU thread per process; up to two",
+             "such processes at once on a 2-core machine, so times are wall-clock and somewhat noisy). Ball: L∞ radius eps",
              "clipped to [0, 1]; the first n test images. PGD-robust: no counterexample from PGD (40 steps x 2",
              "restarts), the ceiling of any sound method. bab: `certify.verify(model, x, y, eps, method=\"bab\", "
              "timeout=T)` with T the command's --timeout",
              "(certify/bab.py): alpha-CROWN at the root, then splits of ReLU, exp and reciprocal inputs and of",
-             "attention scores, alpha warm-started from the parent, falsification (PGD, then PGD from each",
+             "attention scores, alpha warm-started from the parent, split constraints in the bound through",
+             "optimised beta-CROWN multipliers, falsification (PGD, then PGD from each",
              "leaf's worst point) alongside; bab-novertex: the same without Vertex-Softmax intervals and P·V",
              "leaves. alpha-crown-relu: alpha-CROWN on the ReLU slopes only (method `" + _registered("alpha-crown-relu")
              + "`); alpha-crown: on every optimisable relaxation (certify/ops).", ""]
