@@ -225,8 +225,13 @@ class _Engine:
         """crown.backward with the slopes/interpolations (int keys of ``params``) and the split
         constraints' multipliers ((node, "lo"|"hi") keys) of the leaves."""
         alphas = {k: a for k, a in params.items() if isinstance(k, int)}
-        cons = {i: (lo, hi, params[(i, "lo")], params[(i, "hi")]) for i, (lo, hi) in cbounds.items()}
-        return crown.backward(st, self.g.output, C, alphas=alphas or None, constraints=cons)
+        return crown.backward(st, self.g.output, C, alphas=alphas or None,
+                              constraints=self._constraints(params, cbounds))
+
+    @staticmethod
+    def _constraints(params, cbounds):
+        """crown.backward's ``constraints``: each constrained node's (lo, hi, beta_lo, beta_hi)."""
+        return {i: (lo, hi, params[(i, "lo")], params[(i, "hi")]) for i, (lo, hi) in cbounds.items()}
 
     def _constraint_bounds(self, cons, B):
         """node -> (lo, hi) (B, *shape), ±inf where a leaf has no constraint on the neuron."""
@@ -298,8 +303,8 @@ class _Engine:
         with torch.no_grad():
             best = torch.maximum(best, lo.detach())
             if self.pvs:
-                cons_now = {i: (lo_, hi_, alphas[(i, "lo")], alphas[(i, "hi")]) for i, (lo_, hi_) in cbounds.items()}
-                lv = crown.backward(st, self.g.output, C, vertex_pv=self.pvs, constraints=cons_now)
+                lv = crown.backward(st, self.g.output, C, vertex_pv=self.pvs,
+                                    constraints=self._constraints(alphas, cbounds))
                 self.vertex_wins += int((lv > best).any(1).sum())
                 best = torch.maximum(best, lv)
             if parent_lb is not None:

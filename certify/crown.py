@@ -66,18 +66,35 @@ def _no_info(v):
 
 def _concretise(bias, A, l, u, sound):
     """A float64 <= bias + min over the box [l, u] (B, *shape) of A·x (A (B, S, *shape)):
-    Σ_o A⁺_o l_o + A⁻_o u_o, 2N rounded products and their sum, charged
-    γ_(N+1) Σ (A⁺|l| + |A⁻||u|) + 2N·2^-1074, added with downward steps."""
+    Σ_o A⁺_o l_o + A⁻_o u_o (``_add_pair_sum``)."""
     if not sound:
         t = A.clamp(min=0) * l.unsqueeze(1) + A.clamp(max=0) * u.unsqueeze(1)
         return _widen_lower(bias + ops.sum_rest(t))
-    ap, an = A.clamp(min=0), A.clamp(max=0)
-    l1, u1 = l.unsqueeze(1), u.unsqueeze(1)
-    s = weighted_sum(ap, l1) + weighted_sum(an, u1)
-    n = math.prod(A.shape[2:])
-    total = weighted_sum(ap, l1.abs()) - weighted_sum(an, u1.abs())
+    return _no_info(_add_pair_sum(bias, A.clamp(min=0), A.clamp(max=0), l.unsqueeze(1), u.unsqueeze(1)))
+
+
+def _add_pair_sum(bias, p, q, a, b):
+    """A float64 <= bias + Σ_o (p_o a_o + q_o b_o) for p >= 0 >= q (B, S, *shape) and a, b
+    (B, 1, *shape): 2N rounded products and their sum, charged
+    γ_(N+1) Σ (p|a| + |q||b|) + 2N·2^-1074, added with downward steps."""
+    s = weighted_sum(p, a) + weighted_sum(q, b)
+    n = math.prod(p.shape[2:])
+    total = weighted_sum(p, a.abs()) - weighted_sum(q, b.abs())
     err = scale_charge(total, n + 1, 2 * n) + floor_charge(2 * n, 1.0)
-    return _no_info(sub_down(add_down(bias, s), err))
+    return sub_down(add_down(bias, s), err)
+
+
+def _accumulate(state, coef, j, a, bias, sound):
+    """coef[j] += a; returns the bias lowered by the rounding of the sum (sound): |fl(c + a) -
+    (c + a)| <= u|fl(c + a)| (sums are exact below the normal range)."""
+    if j not in coef:
+        coef[j] = a
+        return bias
+    s = coef[j] + a
+    if sound:
+        bias = sub_down(bias, charge(s, magnitude(*state.bounds[j]).unsqueeze(1), 1))
+    coef[j] = s
+    return bias
 
 
 class BoundState:
@@ -117,24 +134,20 @@ def backward(state, target, A, *, alphas=None, vertex_pv=(), arithmetic=None, co
         return _backward(state, target, A, alphas, vertex_pv, mode == "sound", constraints or {})
 
 
-def _lagrangian(state, i, lo, hi, blo, bhi, sound):
-    """(d, b, err): A·x >= (A + d)·z_i + b - err + ... on {lo <= z_i <= hi} for the float
-    multipliers beta >= 0: d = beta_hi - beta_lo, b = Σ beta_lo lo - beta_hi hi. ``err``
-    charges the rounding of d (u |d| max|z_i|) and of the sums in b (as ``_concretise``)."""
+def _lagrangian(state, i, lo, hi, blo, bhi, bias, sound):
+    """(d, bias'): A·x >= (A + d)·z_i + bias' - bias + ... on {lo <= z_i <= hi} for the float
+    multipliers beta >= 0: d = beta_hi - beta_lo; bias' adds Σ beta_lo lo - beta_hi hi
+    (``_add_pair_sum``) less the rounding of d (u |d| max|z_i|)."""
     has_lo, has_hi = torch.isfinite(lo).unsqueeze(1), torch.isfinite(hi).unsqueeze(1)
     blo = torch.where(has_lo, blo.clamp(min=0), 0.0)
     bhi = torch.where(has_hi, bhi.clamp(min=0), 0.0)
     lo1 = torch.where(has_lo, lo.unsqueeze(1), 0.0)
     hi1 = torch.where(has_hi, hi.unsqueeze(1), 0.0)
     d = bhi - blo
-    b = ops.sum_rest(blo * lo1) - ops.sum_rest(bhi * hi1)
     if not sound:
-        return d, b, torch.zeros_like(b)
-    n = math.prod(d.shape[2:])
-    total = ops.sum_rest(blo * lo1.abs()) + ops.sum_rest(bhi * hi1.abs())
-    err = scale_charge(total, n + 1, 2 * n) + floor_charge(2 * n, 1.0)
-    err = err + charge(d, magnitude(*state.bounds[i]).unsqueeze(1), 1)
-    return d, b, err
+        return d, bias + ops.sum_rest(blo * lo1) - ops.sum_rest(bhi * hi1)
+    bias = _add_pair_sum(bias, blo, -bhi, lo1, hi1)
+    return d, sub_down(bias, charge(d, magnitude(*state.bounds[i]).unsqueeze(1), 1))
 
 
 def _backward(state, target, A, alphas, vertex_pv, sound, constraints):
@@ -145,15 +158,8 @@ def _backward(state, target, A, alphas, vertex_pv, sound, constraints):
     for i in range(target, -1, -1):
         if i in constraints:
             # every consumer of z_i has a larger id, so coef[i] is complete here
-            d, b, err = _lagrangian(state, i, *constraints[i], sound)
-            bias = sub_down(add_down(bias, b), err) if sound else bias + b
-            if i not in coef:
-                coef[i] = d
-            else:
-                s = coef[i] + d
-                if sound:
-                    bias = sub_down(bias, charge(s, magnitude(*state.bounds[i]).unsqueeze(1), 1))
-                coef[i] = s
+            d, bias = _lagrangian(state, i, *constraints[i], bias, sound)
+            bias = _accumulate(state, coef, i, d, bias, sound)
         if i not in coef:
             continue
         Ai, node = coef.pop(i), g.nodes[i]
@@ -171,14 +177,7 @@ def _backward(state, target, A, alphas, vertex_pv, sound, constraints):
                                  [g.nodes[j].shape for j in node.inputs], state.consts.get(i), alpha)
         bias = add(bias, b)
         for j, a in zip(node.inputs, new):
-            if j not in coef:
-                coef[j] = a
-                continue
-            s = coef[j] + a
-            if sound:
-                # |fl(c + a) - (c + a)| <= u|fl(c + a)| (sums are exact below the normal range)
-                bias = sub_down(bias, charge(s, magnitude(*state.bounds[j]).unsqueeze(1), 1))
-            coef[j] = s
+            bias = _accumulate(state, coef, j, a, bias, sound)
     # no coefficient reached the input (e.g. Vertex-Softmax bounded every path through P·V):
     # the bound is the constant collected so far
     return _no_info(bias) if sound else _widen_lower(bias)
