@@ -65,9 +65,11 @@ def _grid_margins(x, y, eps):
     return (z[:, y:y + 1] - z).min(0).values
 
 
-@pytest.fixture(scope="module")
-def result():
-    return bab.verify(MODEL, X[:4], Y[:4], EPS, timeout=20, domain=None, max_leaves=20, batch=8)
+@pytest.fixture(scope="module", params=[0, 128], ids=["refine-ibp", "refine-crown"])
+def result(request):
+    # refine=128: leaves also re-bound the small nonlinear inputs by CROWN (not the default)
+    return bab.verify(MODEL, X[:4], Y[:4], EPS, timeout=20, domain=None, max_leaves=20, batch=8,
+                      refine=request.param)
 
 
 def test_bab_against_exhaustive_grid(result):
