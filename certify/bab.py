@@ -14,8 +14,9 @@ only when every leaf of every group is proved. What to split: the candidate with
 first-order estimate of the bound gain (a BBPS-like shortcut, Shi et al. TACAS 2025): the
 gradient of the leaf's bound with respect to the neuron's interval end points times the
 amount the split moves them, plus, for neurons with an optimised slope, |d bound / d alpha|.
-Vertex-Softmax (``vertex_pv``) bounds P·V in a leaf whenever it beats McCormick (the max of
-both is kept). Falsification: PGD with restarts, and PGD started at each leaf's worst point
+With ``vertex=True`` (off by default), Vertex-Softmax intervals enter the root bounds and
+(``vertex_pv``) bound P·V in a leaf whenever they beat McCormick (the max of both is kept);
+on mnist-vit1 no leaf had Vertex win and its root cost 4x more (docs/certify/bab.notes.md). Falsification: PGD with restarts, and PGD started at each leaf's worst point
 (the minimiser over the box of the leaf's linear lower bound); a counterexample counts only
 after a plain float64 forward pass of the model confirms it.
 """
@@ -452,7 +453,7 @@ class _Engine:
         return Outcome(proved, lower, cex, timed_out, self.bounded, self.vertex_wins, leaves)
 
 
-def branch_and_bound(graph, xl, xu, C, rhs, groups, *, deadline, anchor=None, vertex=True, falsify=None,
+def branch_and_bound(graph, xl, xu, C, rhs, groups, *, deadline, anchor=None, vertex=False, falsify=None,
                      batch=16, alpha_steps=4, lr=0.1, max_leaves=1_000_000, refine=0, beta=True) -> Outcome:
     """Prove, for every group g, that on every input of the box [xl, xu] (1, *graph input
     shape) some row r of g has C_r·output > rhs_r. ``C`` (S, *output shape), ``rhs`` (S,),
@@ -502,13 +503,14 @@ def _confirmed(model64, x, label):
     return bool((m < 0).any())
 
 
-def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=True, attack=True, batch=16, alpha_steps=4,
+def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack=True, batch=16, alpha_steps=4,
            restarts=2, steps=40, seed=0, max_leaves=1_000_000, refine=0, beta=True) -> BabResult:
     """Three-valued verdicts for ``model`` at inputs ``x`` (B, ...) with labels ``label`` over
     the L∞ ball of radius ``eps`` clipped to ``domain``, each sample within ``timeout``
     seconds: certified (every margin z_y - z_j proved positive on every leaf), falsified
-    (a counterexample confirmed in float64) or unknown. ``vertex``: Vertex-Softmax in the
-    leaves; ``attack``: falsification alongside (PGD with ``restarts`` x ``steps``, then
+    (a counterexample confirmed in float64) or unknown. ``vertex``: Vertex-Softmax intervals
+    at the root and P·V bounds in the leaves (method name "bab-vertex"; default off, "bab");
+    ``attack``: falsification alongside (PGD with ``restarts`` x ``steps``, then
     from leaves' worst points); ``beta``: split constraints enter the leaves' bounds with
     optimised multipliers (beta-CROWN; False: only through the tightened neuron bounds)."""
     from certify.api import graph_of
@@ -525,7 +527,7 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=True, attack=
     classes = int(torch.tensor(out[1:]).prod()) if len(out) > 1 else 1
     label = check_labels(label, x.shape[0], classes)
     lo, hi = input_box(x, eps, domain)
-    name = "bab" if vertex else "bab-novertex"
+    name = "bab-vertex" if vertex else "bab"
     verdicts = []
     for b in range(x.shape[0]):
         t0 = time.monotonic()

@@ -65,11 +65,12 @@ def _grid_margins(x, y, eps):
     return (z[:, y:y + 1] - z).min(0).values
 
 
-@pytest.fixture(scope="module", params=[0, 128], ids=["refine-ibp", "refine-crown"])
+@pytest.fixture(scope="module", params=[dict(), dict(refine=128, vertex=True)], ids=["default", "crown-vertex"])
 def result(request):
-    # refine=128: leaves also re-bound the small nonlinear inputs by CROWN (not the default)
+    # the default, and the options off by default: leaves re-bound small nonlinear inputs by
+    # CROWN (refine) and use Vertex-Softmax intervals and P·V bounds (vertex)
     return bab.verify(MODEL, X[:4], Y[:4], EPS, timeout=20, domain=None, max_leaves=20, batch=8,
-                      refine=request.param)
+                      **request.param)
 
 
 def test_bab_against_exhaustive_grid(result):
@@ -133,7 +134,7 @@ def test_bab_proves_what_relu_only_alpha_crown_cannot():
     assert not certify.verify(MODEL, x, y, eps, method="alpha-crown-relu", domain=None).certified.item()
     r = bab.verify(MODEL, x, y, eps, timeout=60, domain=None, vertex=False, max_leaves=200)
     v = r.verdicts[0]
-    assert r.status == ("certified",) and r.method == "bab-novertex"
+    assert r.status == ("certified",) and r.method == "bab"
     grid = _grid_margins(x[0], int(y), eps)
     others = torch.arange(3) != y
     assert (v.lower_margin[others] > 0).all() and (v.lower_margin <= grid + 1e-12).all()

@@ -23,7 +23,7 @@ from softcert_cli import common, style
 
 #: the ingredients table: column -> method. "alpha-crown-relu" and "alpha-crown" name the
 #: same registered method until certify.METHODS has a ReLU-only variant of its own
-INGREDIENTS = ("crown", "alpha-crown-relu", "alpha-crown", "bab-novertex", "bab")
+INGREDIENTS = ("crown", "alpha-crown-relu", "alpha-crown", "bab", "bab-vertex")
 BASELINE = "lirpa-alpha-crown"
 
 
@@ -87,8 +87,8 @@ def run(args) -> int:
                        methods={})
             for meth in args.methods:
                 bar.set_postfix_str(f"{name} eps {eps} {meth}")
-                if meth in ("bab", "bab-novertex"):
-                    r = bab.verify(model, x, y, eps, timeout=args.timeout, vertex=meth == "bab")
+                if meth in ("bab", "bab-vertex"):
+                    r = bab.verify(model, x, y, eps, timeout=args.timeout, vertex=meth == "bab-vertex")
                     for b, v in enumerate(r.verdicts):
                         if v.status == "certified" and bool(att.falsified[b]):
                             raise certify.SoundnessError(f"{name} eps {eps} image {b}: bab certified, PGD falsified")
@@ -116,6 +116,11 @@ def run(args) -> int:
     return 0
 
 
+def _verdicts(methods):
+    """The bab run whose verdicts the tables show: bab, else bab-vertex where only it ran."""
+    return methods.get("bab") or methods.get("bab-vertex") or {}
+
+
 def _mean(v):
     return sum(v) / len(v) if v else float("nan")
 
@@ -127,13 +132,14 @@ def _write(out, rows, commands, args):
              "Regenerate: " + "; then ".join(f"`{c}`" for c in commands) + " (1 CPU thread per process; up to two",
              "such processes at once on a 2-core machine, so times are wall-clock and somewhat noisy). Ball: L∞ radius eps",
              "clipped to [0, 1]; the first n test images. PGD-robust: no counterexample from PGD (40 steps x 2",
-             "restarts), the ceiling of any sound method. bab: `certify.verify(model, x, y, eps, method=\"bab\", "
+             "restarts), the ceiling of any sound method. bab falsified / unknown and bab leaves: of bab, or of",
+             "bab-vertex where bab did not run. bab: `certify.verify(model, x, y, eps, method=\"bab\", "
              "timeout=T)` with T the command's --timeout",
              "(certify/bab.py): alpha-CROWN at the root, then splits of ReLU, exp and reciprocal inputs and of",
              "attention scores, alpha warm-started from the parent, split constraints in the bound through",
              "optimised beta-CROWN multipliers, falsification (PGD, then PGD from each",
-             "leaf's worst point) alongside; bab-novertex: the same without Vertex-Softmax intervals and P·V",
-             "leaves. alpha-crown-relu: alpha-CROWN on the ReLU slopes only (method `" + _registered("alpha-crown-relu")
+             "leaf's worst point) alongside; bab-vertex: the same with Vertex-Softmax intervals at the root and",
+             "P·V bounds in the leaves (`vertex=True`). alpha-crown-relu: alpha-CROWN on the ReLU slopes only (method `" + _registered("alpha-crown-relu")
              + "`); alpha-crown: on every optimisable relaxation (certify/ops).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
@@ -143,19 +149,19 @@ def _write(out, rows, commands, args):
                   "|---|---|---|" + "---|" * len(cols) + "---|---|"]
         for r in rs:
             m = r["methods"]
-            counts = m.get("bab", {}).get("counts", {})
+            counts = _verdicts(m).get("counts", {})
             lines.append(f"| {r['eps']} | {r['n']} | {r['pgd_robust']} | " +
                          " | ".join(str(m[c]["certified"]) if c in m else "–" for c in cols) +
                          f" | {counts.get('falsified', '–')} | {counts.get('unknown', '–')} |")
         lines += ["", "### Seconds per sample (mean) and BaB leaves", "",
-                  "| eps | " + " | ".join(args.methods) + " | bab leaves (mean) | leaves where Vertex won (mean) |",
+                  "| eps | " + " | ".join(args.methods) + " | bab leaves (mean) | bab-vertex leaves where Vertex won (mean) |",
                   "|---|" + "---|" * len(args.methods) + "---|---|"]
         for r in rs:
             m = r["methods"]
-            lb = m.get("bab", {})
+            lb, vx = _verdicts(m), m.get("bab-vertex", {})
             lines.append(f"| {r['eps']} | " + " | ".join(f"{_mean(m[c]['seconds']):.3g}" if c in m else "–"
                                                          for c in args.methods) +
-                         f" | {_mean(lb.get('leaves', [])):.1f} | {_mean(lb.get('vertex_leaves', [])):.1f} |")
+                         f" | {_mean(lb.get('leaves', [])):.1f} | {_mean(vx.get('vertex_leaves', [])):.1f} |")
         if BASELINE in args.methods:
             lines += ["", f"certified: {BASELINE} (auto_LiRPA 0.3, a float32 baseline, not a proof): " +
                       ", ".join(f"eps {r['eps']}: {r['methods'][BASELINE]['certified']}" for r in rs
