@@ -29,6 +29,8 @@ import math
 import numpy as np
 from numba import get_num_threads, njit, prange
 
+from kernels.threads import caller_threads
+
 #: float64 sums of the bound are inflated by this relative margin (see the module docstring)
 SUM_MARGIN = 2.0 ** -30
 #: the float64 margins above are proved for rows of at most this many keys
@@ -187,8 +189,9 @@ def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, block: int, u: 
     out = np.empty((g_count, nq, v.shape[2]), dtype=np.float32)
     bound = np.empty(out.shape if with_bound else (0, nq, v.shape[2]), dtype=np.float64)
     rescales = np.zeros((g_count, nq), dtype=np.int64)
-    chunks = max(1, min(g_count * nq, 8 * get_num_threads()))
-    attention_rows(q, k, v, int(block), scale, u, ue, q32, out, bound, rescales, chunks)
+    with caller_threads():  # numba.get_num_threads() starts the threading layer too
+        chunks = max(1, min(g_count * nq, 8 * get_num_threads()))
+        attention_rows(q, k, v, int(block), scale, u, ue, q32, out, bound, rescales, chunks)
     return out, bound, rescales
 
 
@@ -217,6 +220,7 @@ def attention_bound(q, k, v, scores, big_m, rescales, block: int, u: float, ue: 
     big_m = np.ascontiguousarray(big_m, dtype=np.float32)
     rescales = np.ascontiguousarray(rescales, dtype=np.int64)
     bound = np.empty((q.shape[0], q.shape[1], v.shape[2]))
-    chunks = max(1, min(q.shape[0] * q.shape[1], 8 * get_num_threads()))
-    _bound_rows(q, k, v, scores, big_m, rescales, int(block), u, ue, q32, bound, chunks)
+    with caller_threads():
+        chunks = max(1, min(q.shape[0] * q.shape[1], 8 * get_num_threads()))
+        _bound_rows(q, k, v, scores, big_m, rescales, int(block), u, ue, q32, bound, chunks)
     return bound

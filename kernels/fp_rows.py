@@ -38,6 +38,7 @@ from kernels.floating import (
     U32,
     U64,
 )
+from kernels.threads import caller_threads
 
 ALGO_CODES = {"three_pass": 0, "online": 1, "tree": 2}
 
@@ -202,8 +203,9 @@ def rows_report(scores, algorithm: str = "three_pass", exp_ulps: float = 1.0,
                                    ALGO_CODES[algorithm])
         out = (nn, mm.astype(np.float64), rr, ee, bb, meas)
     else:
-        out = rows_bound_and_error(x, U32, 2 * exp_ulps * U32, Q32, ALGO_CODES[algorithm],
-                                   measure)
+        with caller_threads():
+            out = rows_bound_and_error(x, U32, 2 * exp_ulps * U32, Q32, ALGO_CODES[algorithm],
+                                       measure)
     shape = np.asarray(scores).shape[:-1]
     return RowsReport(*(a.reshape(shape) for a in out), algorithm, exp_ulps)
 
@@ -226,12 +228,14 @@ def throughput_ratio(scores, repeats: int = 3) -> dict:
             ts.append(time.perf_counter() - t0)
         return min(ts)
 
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)  # same single thread as the torch baseline
+    with caller_threads():
+        threads = numba.get_num_threads()
+        numba.set_num_threads(1)  # same single thread as the torch baseline
     base = best(lambda: torch.softmax(t, dim=-1))
-    b_only = best(lambda: rows_bound_and_error(x, u, 2 * u, Q32, 0, False))
-    b_meas = best(lambda: rows_bound_and_error(x, u, 2 * u, Q32, 0, True))
-    numba.set_num_threads(threads)
+    with caller_threads():
+        b_only = best(lambda: rows_bound_and_error(x, u, 2 * u, Q32, 0, False))
+        b_meas = best(lambda: rows_bound_and_error(x, u, 2 * u, Q32, 0, True))
+        numba.set_num_threads(threads)
     return {"softmax_s": base, "bound_s": b_only, "bound_and_measure_s": b_meas,
             "bound_ratio": b_only / base, "bound_and_measure_ratio": b_meas / base,
             "threads": 1}

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from kernels.floating import EXP_ABS, RHO_WEIGHT, SUBNORMAL_ULP, U64, gamma
+from kernels.threads import caller_threads
 
 ROUNDING_MODES = {"nearest": 0, "up": 1, "down": 2}
 
@@ -281,7 +282,8 @@ def certify_rows_numba(scores, eps: float):
     B = S.shape[0]
     k, nv = np.empty(B, dtype=np.int64), np.empty(B, dtype=np.int64)
     up, lo = np.empty(B), np.empty(B)
-    _certified_k_rows(S, float(eps), c, A, k, up, lo, nv)
+    with caller_threads():
+        _certified_k_rows(S, float(eps), c, A, k, up, lo, nv)
     return tuple(torch.from_numpy(a).reshape(batch) for a in (k, up, lo, nv))
 
 
@@ -299,7 +301,8 @@ def tail_mass_numba(scores, k, rounding: str = "nearest") -> torch.Tensor:
     K = _ks(k, batch)
     c, A = tail_constants(S.shape[1])
     out = np.empty(S.shape[0])
-    _tail_mass_rows(S, K, c, A, ROUNDING_MODES[rounding], out)
+    with caller_threads():
+        _tail_mass_rows(S, K, c, A, ROUNDING_MODES[rounding], out)
     return torch.from_numpy(out).reshape(batch)
 
 
@@ -308,7 +311,8 @@ def gap_bound_numba(scores, k) -> torch.Tensor:
     S, batch = _rows(scores)
     K = _ks(k, batch)
     out = np.empty(S.shape[0])
-    _gap_rows(S, K, *block_constants(2), out)
+    with caller_threads():
+        _gap_rows(S, K, *block_constants(2), out)
     return torch.from_numpy(out).reshape(batch)
 
 
@@ -319,7 +323,8 @@ def multi_gap_bound_numba(scores, k, levels: int = 4) -> torch.Tensor:
     S, batch = _rows(scores)
     K = _ks(k, batch)
     out = np.empty(S.shape[0])
-    _multi_gap_rows(S, K, int(levels), *block_constants(2 * int(levels)), out)
+    with caller_threads():
+        _multi_gap_rows(S, K, int(levels), *block_constants(2 * int(levels)), out)
     return torch.from_numpy(out).reshape(batch)
 
 
@@ -331,5 +336,6 @@ def blockwise_bound_numba(head_lower, head_sizes, tail_upper, tail_sizes) -> tor
     Lr, NH = _blocks(head_lower, batch), _blocks(head_sizes, batch)
     Ur, NT = _blocks(tail_upper, batch), _blocks(tail_sizes, batch)
     out = np.empty(Lr.shape[0])
-    _blockwise_rows(Lr, NH, Ur, NT, *block_constants(L.shape[-1] + U.shape[-1]), out)
+    with caller_threads():
+        _blockwise_rows(Lr, NH, Ur, NT, *block_constants(L.shape[-1] + U.shape[-1]), out)
     return torch.from_numpy(out).reshape(batch)

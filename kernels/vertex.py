@@ -33,6 +33,7 @@ from numba import get_num_threads, njit, prange
 
 from kernels import floating
 from kernels.floating import EXP_ZERO_ARG, TINY, U64
+from kernels.threads import caller_threads
 
 #: weights below this take the robust path (a design threshold, not a rounding constant)
 FAST_PATH_MIN_WEIGHT = 2.0 ** -1000
@@ -421,7 +422,8 @@ def vertex_bounds(c: np.ndarray, lo: np.ndarray, hi: np.ndarray, method: str = "
     upper, lower = np.empty(rows), np.empty(rows)
     up_mask = np.zeros(cn.shape, dtype=np.bool_)
     lo_mask = np.zeros(cn.shape, dtype=np.bool_)
-    chunks = max(1, min(rows, 8 * get_num_threads()))
-    vertex_rows(cn, ln, hn, upper, lower, up_mask, lo_mask, chunks, method == "dinkelbach",
-                passes)
+    with caller_threads():  # numba.get_num_threads() starts the threading layer too
+        chunks = max(1, min(rows, 8 * get_num_threads()))
+        vertex_rows(cn, ln, hn, upper, lower, up_mask, lo_mask, chunks, method == "dinkelbach",
+                    passes)
     return lower, upper, lo_mask, up_mask
