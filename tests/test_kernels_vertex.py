@@ -44,7 +44,8 @@ def assert_within_margin(a, b, c, lo, hi):
 
 
 def test_kernel_is_the_bottom_layer():
-    """kernels/vertex.py imports nothing of ours but kernels.floating, and keeps no local copy
+    """kernels/vertex.py imports nothing of ours but kernels.floating and kernels.threads (the
+    thread-count guard around its parallel launch), and keeps no local copy
     of a rounding constant (they are compiled in from kernels.floating)."""
     tree = ast.parse(KERNEL.read_text())
     imported = set()
@@ -53,7 +54,8 @@ def test_kernel_is_the_bottom_layer():
             imported |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
-    assert imported <= {"__future__", "math", "numpy", "numba", "kernels", "kernels.floating"}
+    assert imported <= {"__future__", "math", "numpy", "numba", "kernels", "kernels.floating",
+                        "kernels.threads"}
     constants = {floating.U64, floating.EXP_REL, floating.TINY, floating.SUBNORMAL_ULP}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, (ast.BinOp, ast.Constant)):
