@@ -16,8 +16,9 @@ gradient of the leaf's bound with respect to the neuron's interval end points ti
 amount the split moves them, plus, for neurons with an optimised slope, |d bound / d alpha|.
 With ``vertex=True`` (off by default), Vertex-Softmax intervals enter the root bounds and
 (``vertex_pv``) bound P·V in a leaf whenever they beat McCormick (the max of both is kept);
-on mnist-vit1 no leaf had Vertex win and its root cost 4x more (docs/certify/bab.notes.md). Falsification: PGD with restarts, and PGD started at each leaf's worst point
-(the minimiser over the box of the leaf's linear lower bound); a counterexample counts only
+on mnist-vit1 no leaf had Vertex win and its root took 17 s per sample against 2 s
+(docs/certify/bab.notes.md). Falsification: PGD with restarts, and PGD started at each
+leaf's worst point (the minimiser over the box of the leaf's linear lower bound); a counterexample counts only
 after a plain float64 forward pass of the model confirms it.
 """
 from __future__ import annotations

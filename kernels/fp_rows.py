@@ -231,6 +231,7 @@ def throughput_ratio(scores, repeats: int = 3) -> dict:
     with caller_threads():
         threads = numba.get_num_threads()
         numba.set_num_threads(1)  # same single thread as the torch baseline
+    # outside the guards: the torch baseline runs with the caller's torch threads
     base = best(lambda: torch.softmax(t, dim=-1))
     with caller_threads():
         b_only = best(lambda: rows_bound_and_error(x, u, 2 * u, Q32, 0, False))

@@ -139,8 +139,8 @@ def _write(out, rows, commands, args):
              "attention scores, alpha warm-started from the parent, split constraints in the bound through",
              "optimised beta-CROWN multipliers, falsification (PGD, then PGD from each",
              "leaf's worst point) alongside; bab-vertex: the same with Vertex-Softmax intervals at the root and",
-             "P·V bounds in the leaves (`vertex=True`). alpha-crown-relu: alpha-CROWN on the ReLU slopes only (method `" + _registered("alpha-crown-relu")
-             + "`); alpha-crown: on every optimisable relaxation (certify/ops).", ""]
+             "P·V bounds in the leaves (`vertex=True`). alpha-crown-relu: alpha-CROWN on the ReLU slopes only "
+             "(method `" + _registered("alpha-crown-relu") + "`); alpha-crown: on every optimisable relaxation (certify/ops).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model}", "", "### Verdicts (bab) and certified counts per ingredient", "",
