@@ -22,6 +22,7 @@ from certify.attack import AttackResult, attack
 from certify.bab import BabResult, BabVerdict
 from certify.evaluation import Evaluation, Record, SoundnessError, certified_accuracy, evaluate, robust_accuracy
 from certify.graph import Graph, GraphModule
+from certify.lowering import SOFTMAX_FORMS, softmax_form
 from certify.methods import METHODS, Method
 from certify.models import ViT
 from certify.ops import OPERATORS, Operator
@@ -40,8 +41,8 @@ def __getattr__(name):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'certify' has no attribute {name!r}")
 
-__all__ = ["METHODS", "OPERATORS", "AttackResult", "AttentionBox", "AttentionScores", "BabResult", "BabVerdict", "CertResult", "Evaluation", "Graph", "GraphModule",
+__all__ = ["METHODS", "OPERATORS", "SOFTMAX_FORMS", "AttackResult", "AttentionBox", "AttentionScores", "BabResult", "BabVerdict", "CertResult", "Evaluation", "Graph", "GraphModule",
            "Method", "Operator", "Record", "SoundnessError", "ViT", "attack", "attention_boxes", "attention_scores",
            "certified_accuracy", "check_supported", "embed", "evaluate", "forward", "graph_of", "linear_bounds",
-           "logits_of", "robust_accuracy", "supported_operators", "trace", "verify", "verify_box", "verify_text"]
+           "logits_of", "robust_accuracy", "softmax_form", "supported_operators", "trace", "verify", "verify_box", "verify_text"]
 __all__ += ["ONNX_OPERATORS", "OnnxNetwork", "Property", "Region", "Verdict", "read_onnx", "read_vnnlib"]

@@ -20,6 +20,7 @@ import torch
 
 from certify import ops
 from certify.graph import Graph, GraphModule
+from certify.lowering import current_softmax_form
 from certify.methods import get_method
 from certify.spec import (
     DOMAIN,
@@ -77,7 +78,7 @@ def graph_of(model, example, call=None, key="") -> Graph:
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, GraphModule) and call is None:
         return model.graph
-    k = (id(model), key, tuple(example.shape[1:]), model.training, _fingerprint(model))
+    k = (id(model), key, tuple(example.shape[1:]), model.training, _fingerprint(model), current_softmax_form())
     if k in _CACHE:
         _CACHE.move_to_end(k)
         return _CACHE[k]

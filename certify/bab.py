@@ -2,7 +2,7 @@
 
 Domain: one input box. Intermediate bounds are computed once (``crown.propagate``). A leaf
 is a set of split constraints z_k in [lo, hi] on neurons k that feed an elementwise
-nonlinearity (ReLU, GELU, exp, reciprocal, tanh, ..., and the shifted attention scores,
+nonlinearity (ReLU, GELU, exp, -log, sigmoid, tanh, ..., and the shifted attention scores,
 which feed exp). In a leaf the constrained node's bounds are tightened to the constraint,
 the nodes downstream of it re-bounded by IBP intersected with the root bounds, and the
 specification is bounded by ``crown.backward`` with alpha-CROWN slopes warm-started from the

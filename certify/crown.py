@@ -415,7 +415,7 @@ def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None):
     by Adam (alpha-CROWN, Xu et al. 2021), per target class: every alpha has the spec axis S.
 
     The parameters are those every operator declares (``alpha_start``): the lower slope or
-    tangent point of the elementwise maps (relu, exp, reciprocal, square, rsqrt, gelu,
+    tangent point of the elementwise maps (relu, exp, neg_log, reciprocal, square, rsqrt, gelu,
     gelu_tanh, tanh, sigmoid) and the McCormick interpolation of the products (mul, matmul).
     Warm start: the CROWN choice; after every Adam step each alpha is projected onto its
     range, where every value gives a sound bound, so the optimisation only changes

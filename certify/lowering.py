@@ -9,8 +9,9 @@ folding), so masks, position ids and class tokens never reach the verifier.
 Shapes are the full traced shapes (the model's own batch axis included, size 1 in a trace);
 at run time every node value carries one more leading axis, the batch of input boxes.
 Compound operations are lowered to primitives whose relaxations are known:
-- softmax(x) = exp(y) / Σ exp(y), y = x - x_j* for a per-row key j* (``softmax_shift``;
-  softmax is shift invariant, so the lowering is exact and Σ exp(y) >= 1);
+- softmax(x)_k = σ(y_k - log Σ_{j≠k} exp(y_j)), y = x - x_j* for a per-row key j*
+  (``softmax_shift``; softmax is shift invariant, so the lowering is exact); masked rows,
+  and ``softmax_form("product")``, keep exp(y) · 1/Σ exp(y) (Σ exp(y) >= 1);
 - LayerNorm(x) = (x - mean x) · rsqrt(mean (x - mean x)² + eps) · w + b;
 - BatchNorm in eval: a per-channel x · s + t with s, t computed from the running statistics;
 - attention (scaled_dot_product_attention, MultiheadAttention): softmax(Q Kᵀ · scale + mask) V,
@@ -21,6 +22,8 @@ the operation itself to the tensor of element positions, so it is exact by const
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections.abc import Callable
 
@@ -32,6 +35,28 @@ F64 = torch.float64
 # a finite stand-in for the -inf of an attention mask before exp; the masked probabilities
 # are then multiplied by an exact 0, so the value never matters (and Vertex is not used there)
 MASK_PENALTY = -1e30
+
+#: how an unmasked softmax is lowered (``softmax_form``): "sigmoid" (default) or "product"
+SOFTMAX_FORMS = ("sigmoid", "product")
+_SOFTMAX_FORM = contextvars.ContextVar("certify_softmax_form", default="sigmoid")
+
+
+@contextlib.contextmanager
+def softmax_form(form):
+    """Within the block, graphs are built with the softmax lowering ``form`` (see
+    ``Builder.softmax``); "product" is the lowering before 2026-12-04, kept to measure what
+    the default buys. Graphs already traced (``certify.api.graph_of`` caches by form) keep theirs."""
+    if form not in SOFTMAX_FORMS:
+        raise ValueError(f"softmax_form: expected one of {', '.join(SOFTMAX_FORMS)}, got {form!r}")
+    token = _SOFTMAX_FORM.set(form)
+    try:
+        yield
+    finally:
+        _SOFTMAX_FORM.reset(token)
+
+
+def current_softmax_form() -> str:
+    return _SOFTMAX_FORM.get()
 
 
 def is_const(v) -> bool:
@@ -233,7 +258,16 @@ class Builder:
     # ------------------------------------------------------------------ compound operations
     def softmax(self, x, dim=-1, name="", keep=None):
         """softmax over ``dim``; ``keep``: optional constant 0/1 mask of the entries that take
-        part (masked entries get probability 0 exactly)."""
+        part (masked entries get probability 0 exactly).
+
+        Both forms start from y = x - x_j* (``softmax_shift``) and e = exp(y):
+        - "sigmoid" (default, unmasked rows of two or more keys): p_k = σ(y_k - log R_k) with
+          R_k = Σ_{j≠k} e_j (one affine node, e @ (J - I)), i.e. e_k / (e_k + R_k). e_k and R_k
+          share no term, so no relaxation meets the same score twice: on mnist-vit1 the
+          alpha-CROWN margins move from -0.75 to -0.47 (image 0, eps 0.01), see
+          docs/certify/bab.notes.md;
+        - "product": p = e · 1/Σ_j e_j, a McCormick product of two factors that both grow
+          with e_k (the form for masked rows, and ``softmax_form("product")``)."""
         shape = self.shape(x)
         dim = dim % len(shape)
         last = len(shape) - 1
@@ -246,13 +280,21 @@ class Builder:
             x = self.add(x, torch.where(keep > 0, 0.0, MASK_PENALTY).to(F64), name)
         y = self.node("softmax_shift", [x], s, f"{name}.shifted")
         e = self.node("exp", [y], s, f"{name}.exp")
-        if keep is not None:
-            e = self.mul(e, keep, name)
-        # y_j* = 0 (j* is a kept key), so Σ exp(y) >= 1: keeps 1/Σ defined when exp overflows
-        z = self.node("reduce", [e], s[:-1] + (1,), f"{name}.sum", value_range=(1.0, None), dims=(last,),
-                      keepdim=True, mean=False, count=s[-1], in_shape=s)
-        r = self.node("reciprocal", [z], s[:-1] + (1,), f"{name}.recip")
-        p = self.node("mul", [e, r], s, f"{name}.probs", value_range=(0.0, 1.0))
+        if keep is None and s[-1] > 1 and _SOFTMAX_FORM.get() == "sigmoid":
+            others = torch.ones(s[-1], s[-1], dtype=F64) - torch.eye(s[-1], dtype=F64)
+            # R_k > 0 in real arithmetic; the range keeps -log R defined where exp underflows
+            rest = self.node("matmul_const", [e], s, f"{name}.rest", value_range=(0.0, None),
+                             M=others, right=True, in_shape=s)
+            t = self.add(y, self.unary("neg_log", rest, f"{name}.neglog"), f"{name}.logit")
+            p = self.unary("sigmoid", t, f"{name}.probs", value_range=(0.0, 1.0))
+        else:
+            if keep is not None:
+                e = self.mul(e, keep, name)
+            # y_j* = 0 (j* is a kept key), so Σ exp(y) >= 1: keeps 1/Σ defined when exp overflows
+            z = self.node("reduce", [e], s[:-1] + (1,), f"{name}.sum", value_range=(1.0, None), dims=(last,),
+                          keepdim=True, mean=False, count=s[-1], in_shape=s)
+            r = self.node("reciprocal", [z], s[:-1] + (1,), f"{name}.recip")
+            p = self.node("mul", [e, r], s, f"{name}.probs", value_range=(0.0, 1.0))
         if keep is None:
             self.graph.attention.append(dict(scores=x, shifted=y, probs=p, values=None, pv=None, name=name))
         return p if dim == last else self.transpose(p, dim, last, name)

@@ -105,7 +105,7 @@ METHODS = MappingProxyType({m.name: m for m in (
     Method("crown", "CROWN: linear bound propagation with per-operator relaxations, intermediate bounds "
            "by CROWN intersected with IBP", _OURS, _crown),
     Method("alpha-crown", "CROWN with every relaxation of the final specification optimised jointly by Adam "
-           "per target class (20 steps, lr 0.1): ReLU/GELU/tanh/sigmoid slopes, the exp/reciprocal/square/"
+           "per target class (20 steps, lr 0.1): ReLU/GELU/tanh/sigmoid slopes, the exp/-log/reciprocal/square/"
            "rsqrt tangent points (so the decomposed softmax) and the McCormick interpolation of mul and "
            "matmul (Q·Kᵀ, P·V)", _OURS, _alpha_crown(None, **ALPHA_OPTIONS), options=ALPHA_OPTIONS),
     Method("vertex", "CROWN with exact Vertex-Softmax intervals for softmax probabilities and attention "

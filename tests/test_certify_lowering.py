@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import certify
-from certify import ops
+from certify import crown, ops
 from certify.lowering import Builder
 
 F64 = torch.float64
@@ -203,3 +203,47 @@ def test_conv_batchnorm_and_smooth_activations_are_verified_soundly(method):
         z = m((lo + (hi - lo) * t).reshape(-1, 1, 8, 8)).reshape(512, 2, 3)
     sampled = (z.gather(2, y.view(1, -1, 1).expand(512, -1, 1)) - z).min(0).values
     assert (r.lower_margin <= sampled + 1e-9).all()
+
+
+@pytest.mark.parametrize("form", certify.SOFTMAX_FORMS)
+def test_softmax_forms_compute_softmax_and_enclose_it_on_a_grid(form):
+    """Both lowerings equal torch.softmax (to rounding, also where exp under- or overflows),
+    and their CROWN bounds on the probabilities, and a random linear bound through them,
+    hold at every point of a 9³ grid of the score box."""
+    with certify.softmax_form(form):
+        b = Builder()
+        x = b.input((2, 3))
+        g = b.finish(b.softmax(x))
+    assert {"sigmoid": "neg_log", "product": "reciprocal"}[form] in {n.op for n in g.nodes}
+    pts = torch.tensor([[[0.3, -1.0, 2.0], [0.0, -800.0, -900.0]],
+                        [[5.0, 5.0, 5.0], [700.0, 0.0, -700.0]]], dtype=F64)
+    torch.testing.assert_close(certify.forward(g, pts), torch.softmax(pts, -1),
+                               rtol=1e-12, atol=1e-300)
+    centre = torch.tensor([[[0.5, -1.0, 1.5], [2.0, 2.5, -3.0]]], dtype=F64)
+    rad = torch.tensor([[[1.5, 2.0, 1.0], [3.0, 0.5, 4.0]]], dtype=F64)
+    xl, xu = centre - rad, centre + rad
+    state = crown.propagate(g, xl, xu)
+    lo, hi = state.bounds[g.output]
+    t = torch.linspace(0, 1, 9, dtype=F64)
+    grid = torch.cartesian_prod(t, t, t)  # (729, 3)
+    s = xl + (xu - xl) * grid.reshape(729, 1, 1, 3).expand(729, 1, 2, 3)
+    p = torch.softmax(s, -1).squeeze(1)
+    assert (lo - 1e-15 <= p).all() and (p <= hi + 1e-15).all()
+    A = torch.randn(1, 4, 2, 3, generator=torch.Generator().manual_seed(2), dtype=F64)
+    bound = crown.backward(state, g.output, A)
+    val = (A.unsqueeze(0) * p.reshape(729, 1, 1, 2, 3)).sum((-1, -2)).squeeze(1)
+    assert (bound <= val + 1e-13).all()
+
+
+def test_softmax_form_is_checked_and_keys_the_graph_cache():
+    with pytest.raises(ValueError, match="softmax_form: expected one of sigmoid, product"):
+        with certify.softmax_form("lse"):
+            pass
+    torch.manual_seed(0)
+    m = _Everything().eval().double()
+    x = torch.rand(1, 1, 4, 4, dtype=F64)
+    with certify.softmax_form("product"):
+        product = {n.op for n in certify.graph_of(m, x).nodes}
+    sigmoid = {n.op for n in certify.graph_of(m, x).nodes}
+    # the causal (masked) softmax keeps the product form in both
+    assert "neg_log" in sigmoid and "neg_log" not in product and "reciprocal" in sigmoid

@@ -15,7 +15,8 @@ from certify.models import ViT
 from certify.spec import input_box
 
 SAMPLE = {"relu": (-3, 3), "exp": (-6, 2), "reciprocal": (0.05, 5), "square": (-3, 3), "rsqrt": (0.01, 4),
-          "gelu": (-4, 4), "gelu_tanh": (-4, 4), "tanh": (-3, 3), "sigmoid": (-6, 6), "sqrt": (0.01, 4)}
+          "gelu": (-4, 4), "gelu_tanh": (-4, 4), "tanh": (-3, 3), "sigmoid": (-6, 6), "sqrt": (0.01, 4),
+          "neg_log": (0.01, 20)}
 
 
 @pytest.mark.parametrize("name", sorted(ops.names("elementwise")))

@@ -32,15 +32,17 @@ MP = {"relu": lambda x: max(x, 0), "exp": mpmath.exp, "reciprocal": lambda x: 1 
       "square": lambda x: x * x, "rsqrt": lambda x: 1 / mpmath.sqrt(x),
       "gelu": lambda x: x * mpmath.ncdf(x),
       "gelu_tanh": lambda x: x / 2 * (1 + mpmath.tanh(mpmath.sqrt(2 / mpmath.pi) * (x + mpmath.mpf("0.044715") * x**3))),
-      "tanh": mpmath.tanh, "sigmoid": lambda x: 1 / (1 + mpmath.exp(-x))}
+      "tanh": mpmath.tanh, "sigmoid": lambda x: 1 / (1 + mpmath.exp(-x)), "neg_log": lambda x: -mpmath.log(x)}
 TORCH = {"relu": torch.relu, "exp": torch.exp, "reciprocal": lambda t: 1 / t, "square": lambda t: t * t,
          "rsqrt": torch.rsqrt, "gelu": torch.nn.functional.gelu,
          "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"), "tanh": torch.tanh,
-         "sigmoid": torch.sigmoid}
+         "sigmoid": torch.sigmoid, "neg_log": lambda t: -torch.log(t)}
 FAMILIES = sorted(MP)
-CONVEX = ("exp", "reciprocal", "square", "rsqrt")
+CONVEX = ("exp", "reciprocal", "square", "rsqrt", "neg_log")
+POSITIVE = ("reciprocal", "rsqrt", "neg_log")
 DOMAINS = {"relu": (-3, 3), "exp": (-8, 4), "reciprocal": (0.02, 6), "square": (-4, 4), "rsqrt": (0.01, 5),
-           "gelu": (-6, 6), "gelu_tanh": (-6, 6), "tanh": (-5, 5), "sigmoid": (-10, 10)}
+           "gelu": (-6, 6), "gelu_tanh": (-6, 6), "tanh": (-5, 5), "sigmoid": (-10, 10),
+           "neg_log": (1e-4, 60)}
 
 
 def test_every_family_declares_its_parameter():
@@ -48,7 +50,7 @@ def test_every_family_declares_its_parameter():
         op = ops.get(name)
         assert op.slope_init is not None, name
         l, u = torch.tensor([-0.5, 0.1]), torch.tensor([0.5, 2.0])
-        if name in ("reciprocal", "rsqrt"):
+        if name in POSITIVE:
             l = l.abs() + 0.1
         a = op.slope_init(l, u)
         assert a.shape == l.shape and ((a >= 0) & (a <= 1)).all(), name
@@ -139,7 +141,7 @@ WIDTHS = st.one_of(st.floats(1e-14, 1e-6), st.floats(1e-6, 10.0), st.floats(10.0
 @given(st.sampled_from(FAMILIES), st.floats(-60.0, 60.0), WIDTHS, st.floats(0.0, 1.0))
 def test_family_hypothesis(name, centre, width, alpha):
     l, u = centre - width / 2, centre + width / 2
-    if name in ("reciprocal", "rsqrt"):
+    if name in POSITIVE:
         l, u = abs(centre) / 8 + 1e-3, abs(centre) / 8 + 1e-3 + width
     if name == "exp":
         u = min(u, 700.0)
@@ -165,7 +167,7 @@ def test_overflowing_boxes_fall_back_to_the_image():
 
 
 def test_positive_domain_is_checked():
-    for name in ("reciprocal", "rsqrt"):
+    for name in POSITIVE:
         with pytest.raises(ValueError, match=name):
             ops.get(name).planes(torch.tensor([-1.0]), torch.tensor([1.0]), torch.tensor([0.5]))
 
@@ -340,7 +342,7 @@ def test_random_alphas_in_range_stay_sound_on_a_zoo_model():
             a, (rlo, rhi) = start
             alphas[i] = rlo + (rhi - rlo) * torch.rand(a.shape, generator=gen, dtype=F64)
     kinds = {g.nodes[i].op for i in alphas}
-    assert {"exp", "reciprocal", "mul", "matmul"} <= kinds
+    assert {"exp", "neg_log", "sigmoid", "matmul"} <= kinds
     with torch.no_grad():
         bound = crown.backward(state, g.output, C, alphas=alphas)
         model64 = model.double().eval()

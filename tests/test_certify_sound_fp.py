@@ -364,10 +364,10 @@ def _contract_cases():
 
 CASES = _contract_cases()
 MP_FUNCS = {"exp": mpmath.exp, "reciprocal": lambda t: 1 / t, "rsqrt": lambda t: 1 / mpmath.sqrt(t),
-            "sqrt": mpmath.sqrt, "tanh": mpmath.tanh, "sigmoid": lambda t: 1 / (1 + mpmath.exp(-t)),
+            "sqrt": mpmath.sqrt, "neg_log": lambda t: -mpmath.log(t), "tanh": mpmath.tanh, "sigmoid": lambda t: 1 / (1 + mpmath.exp(-t)),
             "gelu": lambda t: t * mpmath.ncdf(t),
             "gelu_tanh": lambda t: t / 2 * (1 + mpmath.tanh(mpmath.sqrt(2 / mpmath.pi) * (t + MPF("0.044715") * t**3)))}
-POSITIVE = {"reciprocal", "rsqrt", "sqrt"}
+POSITIVE = {"reciprocal", "rsqrt", "sqrt", "neg_log"}
 
 
 def _params(names):

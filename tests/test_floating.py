@@ -1,4 +1,4 @@
-"""The exp accuracy assumed by the error model (kernels.floating) holds for numpy and torch."""
+"""The exp and log accuracy assumed by the error model (kernels.floating) holds for numpy and torch."""
 from __future__ import annotations
 
 import math
@@ -10,6 +10,7 @@ import torch
 from kernels.floating import (
     EXP_ULPS,
     EXP_ZERO_ARG,
+    LOG_ULPS,
     NORMAL_MIN,
     SUBNORMAL_ULP,
     TINY,
@@ -32,6 +33,23 @@ def test_float64_exp_within_assumed_ulps():
             ulp = math.ulp(float(exact))
             worst = max(worst, float(abs(mpmath.mpf(float(yi)) - exact) / ulp))
         assert worst <= EXP_ULPS, worst
+
+
+def test_float64_log_within_assumed_ulps():
+    """-log x of the neg_log operator (the softmax lowering): torch's float64 log, including
+    subnormal arguments and arguments next to 1, where the result is small."""
+    rng = np.random.default_rng(1)
+    x = np.concatenate([np.exp(rng.uniform(-744, 709, 3000)), 1 + rng.uniform(-1e-6, 1e-6, 500),
+                        rng.uniform(0, 4, 500), [5e-324, 1.0, np.nextafter(1.0, 2.0), 1.7e308]])
+    y = torch.log(torch.tensor(x)).numpy()
+    worst = 0.0
+    for xi, yi in zip(x, y):
+        exact = mpmath.log(mpmath.mpf(float(xi)))
+        if exact == 0:
+            assert yi == 0.0
+            continue
+        worst = max(worst, float(abs(mpmath.mpf(float(yi)) - exact) / math.ulp(float(exact))))
+    assert worst <= LOG_ULPS, worst
 
 
 def test_gamma():

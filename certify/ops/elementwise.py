@@ -7,19 +7,21 @@ used for attention by Shi et al. 2020; alpha-CROWN (Xu et al. 2021) for the free
 
 Families (``alpha`` broadcasts with l, u, e.g. (B, S, *shape) in alpha-CROWN; range [0, 1]):
 - relu: lower slope alpha on crossing intervals (default 1 if u > -l else 0, CROWN);
-- exp, reciprocal, square, rsqrt (convex): lower plane = tangent at m = l + alpha (u - l);
-  default alpha: exp min(1/2, 0.99/(u - l)) (Shi et al. 2020), the others 1/2 (the
-  midpoint); the chord stays above. The softmax of our graphs is lowered to softmax_shift
-  (affine), exp, sum, reciprocal and mul (``certify.lowering``), so these families with the
-  bilinear ones (``certify.ops.bilinear``) make every piece of it optimisable.
+- exp, reciprocal, square, rsqrt, neg_log (convex): lower plane = tangent at
+  m = l + alpha (u - l); default alpha: exp min(1/2, 0.99/(u - l)) (Shi et al. 2020), neg_log
+  the tangent parallel to the chord, the others 1/2 (the midpoint); the chord stays above.
+  The softmax of our graphs is lowered to softmax_shift and a sum (affine), exp, neg_log and
+  sigmoid (``certify.lowering``; masked rows: exp, sum, reciprocal and mul), so these
+  families with the S-shaped and bilinear ones (``certify.ops.activations``,
+  ``certify.ops.bilinear``) make every piece of it optimisable.
 Soundness under rounding: the slope is any float (chosen freely), the intercept certified.
 For a convex f, g(x) = f(x) - s x is convex, so (a) its max on [l, u] is at an end point and
 (b) g(x) >= g(m) + g'(m)(x - m) with |g'(m)| = |f'(m) - s| <= the slope's error bound:
 lb = g(m) - err_s·max(m - l, u - m), ub = max(g(l), g(u)), each value of f and f' carrying a
 proven error (``Convex``) and every float operation charged (``_round_down``). Boxes where
 this is not finite (overflow, infinite ends) fall back to the constant planes of the image.
-Assumption: float64 exp within EXP_ULPS ulp (``kernels.floating``); sqrt and division are
-correctly rounded (IEEE 754).
+Assumption: float64 exp within EXP_ULPS ulp, log within LOG_ULPS ulp (``kernels.floating``);
+sqrt and division are correctly rounded (IEEE 754).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from certify.ops.core import Elementwise, register
-from kernels.floating import EXP_ABS, EXP_REL, SUBNORMAL_ULP, U64
+from kernels.floating import EXP_ABS, EXP_REL, LOG_REL, SUBNORMAL_ULP, U64
 
 U = U64
 #: absolute error floor of one value or slope near the subnormal range (e.g. 1/x² for
@@ -94,6 +96,29 @@ def _rsqrt_slope(x):
     return d, d.abs() * 5 * U + ABS
 
 
+def _neg_log_value(x):
+    v = -torch.log(x)
+    return v, v.abs() * LOG_REL + SUBNORMAL_ULP
+
+
+def _neg_log_slope(x):
+    d = -1 / x
+    return d, d.abs() * U + ABS
+
+
+def _neg_log_default(l, u):
+    """The tangent parallel to the chord: at the logarithmic mean m = (u - l) / log(u / l),
+    where -1/m is the chord's slope (the point of f farthest below the chord). On the wide
+    boxes of an exp-sum (u/l of several orders) the midpoint sits far from it."""
+    l, u = torch.as_tensor(l, dtype=torch.float64), torch.as_tensor(u, dtype=torch.float64)
+    w = u - l
+    wide = (w > 0) & (l > 0)
+    ratio = torch.where(wide, torch.log(torch.where(wide, u, 2.0) / torch.where(wide, l, 1.0)), 1.0)
+    m = torch.where(wide, w / ratio, l)
+    a = torch.where(wide, (m - l) / torch.where(wide, w, 1.0), 0.5)
+    return torch.where(torch.isfinite(a), a.clamp(0, 1), 0.5)
+
+
 def _half(l, u):
     return torch.full_like(torch.as_tensor(l + u), 0.5)
 
@@ -109,6 +134,7 @@ CONVEX = {
     "reciprocal": Convex(_recip_value, _recip_slope, _half),
     "square": Convex(_square_value, _square_slope, _half),
     "rsqrt": Convex(_rsqrt_value, _rsqrt_slope, _half),
+    "neg_log": Convex(_neg_log_value, _neg_log_slope, _neg_log_default),
 }
 
 
@@ -176,10 +202,13 @@ def convex_planes(name, image):
     return planes
 
 
-def _positive(name, planes):
+def _positive(name, planes, strict=True):
+    """``planes`` that raise for boxes reaching below 0 (or to 0 when ``strict``). -log x
+    takes l = 0, an exp-sum that underflowed: its planes there fall back to the image's."""
     def checked(l, u, alpha=None):
-        if bool((torch.as_tensor(l) <= 0).any()):
-            raise ValueError(f"{name}: input interval must be positive")
+        l = torch.as_tensor(l)
+        if bool(((l <= 0) if strict else (l < 0)).any()):
+            raise ValueError(f"{name}: input interval must be {'positive' if strict else 'non-negative'}")
         return planes(l, u, alpha)
     return checked
 
@@ -231,10 +260,17 @@ def rsqrt_image(l, u):
     return _down(vu - eu).clamp(min=0), _up(vl + el)
 
 
+def neg_log_image(l, u):
+    """[-log u, -log l] widened by LOG_REL and one ulp; -log 0 = inf."""
+    (vu, eu), (vl, el) = _neg_log_value(u), _neg_log_value(l)
+    return _down(vu - eu), _up(vl + el)
+
+
 exp_planes = convex_planes("exp", exp_image)
 reciprocal_planes = _positive("reciprocal", convex_planes("reciprocal", reciprocal_image))
 square_planes = convex_planes("square", square_image)
 rsqrt_planes = _positive("rsqrt", convex_planes("rsqrt", rsqrt_image))
+neg_log_planes = _positive("neg_log", convex_planes("neg_log", neg_log_image), strict=False)
 
 
 def _init(name):
@@ -262,3 +298,6 @@ register(Elementwise(name="square", description="x²", fn=lambda t: t * t,
 register(Elementwise(name="rsqrt", description="x^(-1/2) on x > 0", fn=torch.rsqrt,
                      image=rsqrt_image, planes=rsqrt_planes, slope_init=_init("rsqrt"),
                      monotone=True, convex=True, domain=(0.0, None), value_range=(0.0, None)))
+register(Elementwise(name="neg_log", description="-log x on x > 0 (convex, decreasing)", fn=lambda t: -torch.log(t),
+                     image=neg_log_image, planes=neg_log_planes, slope_init=_init("neg_log"),
+                     monotone=True, convex=True, domain=(0.0, None)))

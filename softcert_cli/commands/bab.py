@@ -40,6 +40,9 @@ def configure(parser):
     parser.add_argument("--timeout", type=float, default=60.0, help="bab budget per sample, seconds")
     parser.add_argument("--methods", nargs="+", default=list(INGREDIENTS) + [BASELINE], metavar="METHOD",
                         help=f"columns from {', '.join(INGREDIENTS + (BASELINE,))}")
+    parser.add_argument("--softmax", default="sigmoid", choices=certify.SOFTMAX_FORMS,
+                        help="softmax lowering (certify.softmax_form): sigmoid (default) or product (the lowering "
+                             "before 2026-12-04, to measure what the default buys)")
     parser.add_argument("--out", default="docs/certify")
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of other (model, eps) pairs already in OUT/bab.json (e.g. a second model "
@@ -70,7 +73,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = common.command_line(args, "bab", [
         ("--model", args.model), ("--eps", args.eps), ("--n", args.n), ("--timeout", args.timeout),
-        ("--methods", args.methods), ("--out", args.out)])
+        ("--methods", args.methods), ("--softmax", args.softmax), ("--out", args.out)])
     rows, commands = [], [command]
     if args.append and (out / "bab.json").exists():
         old = json.loads((out / "bab.json").read_text())
@@ -78,13 +81,20 @@ def run(args) -> int:
         new = {(m, e) for m in args.model for e in args.eps}
         rows = [r for r in old["rows"] if (r["model"], r["eps"]) not in new]
     bar = common.progress(total=len(args.model) * len(args.eps) * len(args.methods), desc="bab", unit="run")
+    with certify.softmax_form(args.softmax):
+        _runs(args, out, rows, commands, bar)
+    bar.close()
+    return 0
+
+
+def _runs(args, out, rows, commands, bar):
     for name in args.model:
         model, xte, yte = zoo.load(name)
         x, y = xte[: args.n].to(torch.float64), yte[: args.n]
         for eps in args.eps:
             att = certify.attack(model, x, y, eps)
             row = dict(model=name, eps=eps, n=len(y), timeout=args.timeout, pgd_robust=int((~att.falsified).sum()),
-                       methods={})
+                       softmax=args.softmax, methods={})
             for meth in args.methods:
                 bar.set_postfix_str(f"{name} eps {eps} {meth}")
                 if meth in ("bab", "bab-vertex"):
@@ -112,8 +122,6 @@ def run(args) -> int:
                 print(f"{name} eps {eps}: certified {counts['certified']}, falsified {counts['falsified']}, "
                       f"unknown {counts['unknown']} (of {row['n']}; PGD-robust {row['pgd_robust']})")
             _write(out, rows, commands, args)  # after every eps, so a long run keeps its results
-    bar.close()
-    return 0
 
 
 def _verdicts(methods):
@@ -135,22 +143,25 @@ def _write(out, rows, commands, args):
              "restarts), the ceiling of any sound method. bab falsified / unknown and bab leaves: of bab, or of",
              "bab-vertex where bab did not run. bab: `certify.verify(model, x, y, eps, method=\"bab\", "
              "timeout=T)` with T the command's --timeout",
-             "(certify/bab.py): alpha-CROWN at the root, then splits of ReLU, exp and reciprocal inputs and of",
+             "(certify/bab.py): alpha-CROWN at the root, then splits of the inputs of ReLU, exp, -log and sigmoid and of",
              "attention scores, alpha warm-started from the parent, split constraints in the bound through",
              "optimised beta-CROWN multipliers, falsification (PGD, then PGD from each",
              "leaf's worst point) alongside; bab-vertex: the same with Vertex-Softmax intervals at the root and",
              "P·V bounds in the leaves (`vertex=True`). alpha-crown-relu: alpha-CROWN on the ReLU slopes only "
-             "(method `" + _registered("alpha-crown-relu") + "`); alpha-crown: on every optimisable relaxation (certify/ops).", ""]
+             "(method `" + _registered("alpha-crown-relu") + "`); alpha-crown: on every optimisable relaxation (certify/ops).",
+             "softmax: the lowering of our methods (`--softmax`, certify.softmax_form): sigmoid, p_k = σ(y_k - log Σ_{j≠k}",
+             "exp y_j), or product, exp(y_k) · 1/Σ_j exp(y_j) (before 2026-12-04).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model}", "", "### Verdicts (bab) and certified counts per ingredient", "",
-                  "| eps | n | PGD-robust | " + " | ".join(f"certified: {c}" for c in cols) +
+                  "| eps | softmax | n | PGD-robust | " + " | ".join(f"certified: {c}" for c in cols) +
                   " | bab falsified | bab unknown |",
-                  "|---|---|---|" + "---|" * len(cols) + "---|---|"]
+                  "|---|---|---|---|" + "---|" * len(cols) + "---|---|"]
         for r in rs:
             m = r["methods"]
             counts = _verdicts(m).get("counts", {})
-            lines.append(f"| {r['eps']} | {r['n']} | {r['pgd_robust']} | " +
+            # rows written before the softmax column existed used the product lowering
+            lines.append(f"| {r['eps']} | {r.get('softmax', 'product')} | {r['n']} | {r['pgd_robust']} | " +
                          " | ".join(str(m[c]["certified"]) if c in m else "–" for c in cols) +
                          f" | {counts.get('falsified', '–')} | {counts.get('unknown', '–')} |")
         lines += ["", "### Seconds per sample (mean) and BaB leaves", "",
