@@ -22,7 +22,6 @@ the operation itself to the tensor of element positions, so it is exact by const
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import math
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from certify.graph import Graph
+from certify.ops.core import context_setting
 
 F64 = torch.float64
 # a finite stand-in for the -inf of an attention mask before exp; the masked probabilities
@@ -41,18 +41,13 @@ SOFTMAX_FORMS = ("sigmoid", "product")
 _SOFTMAX_FORM = contextvars.ContextVar("certify_softmax_form", default="sigmoid")
 
 
-@contextlib.contextmanager
 def softmax_form(form):
     """Within the block, graphs are built with the softmax lowering ``form`` (see
     ``Builder.softmax``); "product" is the lowering before 2026-12-04, kept to measure what
     the default buys. Graphs already traced (``certify.api.graph_of`` caches by form) keep theirs."""
     if form not in SOFTMAX_FORMS:
         raise ValueError(f"softmax_form: expected one of {', '.join(SOFTMAX_FORMS)}, got {form!r}")
-    token = _SOFTMAX_FORM.set(form)
-    try:
-        yield
-    finally:
-        _SOFTMAX_FORM.reset(token)
+    return context_setting(_SOFTMAX_FORM, form)
 
 
 def current_softmax_form() -> str:

@@ -50,15 +50,20 @@ _NEG, _POS = torch.tensor(-math.inf, dtype=torch.float64), torch.tensor(math.inf
 
 
 @contextlib.contextmanager
+def context_setting(var: contextvars.ContextVar, value):
+    """``var`` holds ``value`` within the block (for this thread or task only)."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
 def arithmetic(mode):
     """Within the block, operators and ``certify.crown`` use ``mode`` ("sound" or "plain")."""
     if mode not in MODES:
         raise ValueError(f"arithmetic: expected one of {MODES}, got {mode!r}")
-    token = _MODE.set(mode)
-    try:
-        yield
-    finally:
-        _MODE.reset(token)
+    return context_setting(_MODE, mode)
 
 
 def is_sound():
