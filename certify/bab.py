@@ -288,16 +288,25 @@ class _Engine:
             detached.bounds = {i: (l.detach(), u.detach()) for i, (l, u) in st.bounds.items()}
             detached.consts = st.consts
             opt = torch.optim.Adam(list(alphas.values()), lr=self.lr)
+            # Adam's last iterate can sit below its best one: each row keeps the parameters of
+            # its best bound, so the children start from the relaxation that gave the parent's
+            kept = {k: a.detach().clone() for k, a in alphas.items()}
             # the root gets alpha-CROWN's full 20 steps; children are warm-started
             for _ in range(self.alpha_steps if alpha0 is not None else max(self.alpha_steps, 20)):
                 lo = self._backward(detached, C, {k: a.clamp(*ranges[k]) for k, a in alphas.items()}, cbounds)
-                best = torch.maximum(best, lo.detach())
+                with torch.no_grad():
+                    better = lo > best
+                    best = torch.maximum(best, lo)
+                    for k, a in alphas.items():
+                        w = better.view(B, W, *([1] * (a.dim() - 2)))
+                        kept[k] = torch.where(w, a.clamp(*ranges[k]), kept[k])
                 opt.zero_grad()
                 (-lo[torch.isfinite(lo)].sum()).backward()
                 opt.step()
                 with torch.no_grad():
                     for k, a in alphas.items():
                         a.clamp_(*ranges[k])
+            alphas = {k: a.requires_grad_(True) for k, a in kept.items()}
         lo = self._backward(st, C, alphas, cbounds)
         wrt = [t for lu in leaves.values() for t in lu] + list(alphas.values())
         fin = torch.isfinite(lo)
