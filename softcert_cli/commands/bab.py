@@ -42,7 +42,7 @@ def configure(parser):
                         help=f"columns from {', '.join(INGREDIENTS + (BASELINE,))}")
     parser.add_argument("--softmax", default="sigmoid", choices=certify.SOFTMAX_FORMS,
                         help="softmax lowering (certify.softmax_form): sigmoid (default) or product (the lowering "
-                             "before 2026-12-04, to measure what the default buys)")
+                             "before session 7, 2026-12-03, to measure what the default buys)")
     parser.add_argument("--out", default="docs/certify")
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of other (model, eps) pairs already in OUT/bab.json (e.g. a second model "
@@ -150,7 +150,7 @@ def _write(out, rows, commands, args):
              "P·V bounds in the leaves (`vertex=True`). alpha-crown-relu: alpha-CROWN on the ReLU slopes only "
              "(method `" + _registered("alpha-crown-relu") + "`); alpha-crown: on every optimisable relaxation (certify/ops).",
              "softmax: the lowering of our methods (`--softmax`, certify.softmax_form): sigmoid, p_k = σ(y_k - log Σ_{j≠k}",
-             "exp y_j), or product, exp(y_k) · 1/Σ_j exp(y_j) (before 2026-12-04).", ""]
+             "exp y_j), or product, exp(y_k) · 1/Σ_j exp(y_j) (the default before session 7, 2026-12-03).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model}", "", "### Verdicts (bab) and certified counts per ingredient", "",
