@@ -1,7 +1,7 @@
 """Branch-and-bound verdicts (certify.bab) against exhaustive gridding of a 2-input model.
 
-The model has every kind of neuron BaB splits (attention scores feeding exp, the reciprocal
-of the exp sum, ReLU, GELU) on a 2-d input, so a 301 x 301 grid of its input box (plus the
+The model has every kind of neuron BaB splits (attention scores feeding exp, the other keys'
+exp sum feeding -log, the logit feeding the sigmoid, ReLU, GELU) on a 2-d input, so a 301 x 301 grid of its input box (plus the
 corners) is a near-exhaustive oracle: a certified lower margin never exceeds the grid
 minimum, a certified sample has a positive grid minimum and survives PGD, a falsified
 sample's counterexample is real. The leaves of a run cover the box: every grid point
@@ -423,3 +423,19 @@ def test_optimised_multipliers_reach_the_leaf_minimum_of_a_linear_model(seed):
     free = float(crown.backward(s, g.output, C))
     # the constraint is active (the box minimum lies outside the leaf) and beta recovers it
     assert free < grid_min - 1e-2 and best >= grid_min - 5e-3, (best, grid_min, free)
+
+
+def test_a_leaf_keeps_the_parameters_of_its_best_bound():
+    """Adam at a large step oscillates, so its last iterate is not its best: the parameters a
+    leaf hands to its children must reproduce the leaf's reported bound, not the last one."""
+    x = X[:1]
+    lo, hi = input_box(x, EPS, None)
+    keep = [j for j in range(3) if j != int(Y[0])]
+    C = margin_spec(Y[:1], 3).reshape(3, 1, 3)[keep]
+    eng = bab._Engine(graph_of(MODEL, x), lo.unsqueeze(1), hi.unsqueeze(1), C, torch.zeros(2), torch.arange(2),
+                      x.unsqueeze(1), False, 4, 10.0, 0)
+    best, _, alpha, _, _ = eng._bound([{}, {}], [0, 1], None, None)
+    st, _, _ = eng._state([{}, {}])
+    with torch.no_grad():
+        again = eng._backward(st, C.unsqueeze(1), alpha, {})
+    torch.testing.assert_close(again, best, rtol=0, atol=1e-12)
