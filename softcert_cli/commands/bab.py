@@ -12,6 +12,7 @@ bab_cactus.png (samples with a verdict vs time per sample, per method, VNN-COMP 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -133,6 +134,10 @@ def _mean(v):
     return sum(v) / len(v) if v else float("nan")
 
 
+def _cell(v):
+    return "–" if math.isnan(v) else f"{v:.1f}"
+
+
 def _write(out, rows, commands, args):
     common.write_json(out / "bab.json", {"commands": commands, "rows": rows})
     cols = [m for m in args.methods if m != BASELINE]
@@ -154,16 +159,18 @@ def _write(out, rows, commands, args):
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model}", "", "### Verdicts (bab) and certified counts per ingredient", "",
-                  "| eps | softmax | n | PGD-robust | " + " | ".join(f"certified: {c}" for c in cols) +
-                  " | bab falsified | bab unknown |",
+                  "| eps | softmax | n | PGD-robust | " + "".join(f"certified: {c} | " for c in cols) +
+                  "bab falsified | bab unknown |",
                   "|---|---|---|---|" + "---|" * len(cols) + "---|---|"]
         for r in rs:
             m = r["methods"]
             counts = _verdicts(m).get("counts", {})
-            # rows written before the softmax column existed used the product lowering
-            lines.append(f"| {r['eps']} | {r.get('softmax', 'product')} | {r['n']} | {r['pgd_robust']} | " +
-                         " | ".join(str(m[c]["certified"]) if c in m else "–" for c in cols) +
-                         f" | {counts.get('falsified', '–')} | {counts.get('unknown', '–')} |")
+            # rows written before the softmax column existed used the product lowering; the
+            # baseline runs auto_LiRPA's own graph, so a row of it alone has no lowering
+            form = r.get("softmax", "product") if any(c in m for c in INGREDIENTS) else "–"
+            lines.append(f"| {r['eps']} | {form} | {r['n']} | {r['pgd_robust']} | " +
+                         "".join(f"{m[c]['certified'] if c in m else '–'} | " for c in cols) +
+                         f"{counts.get('falsified', '–')} | {counts.get('unknown', '–')} |")
         lines += ["", "### Seconds per sample (mean) and BaB leaves", "",
                   "| eps | " + " | ".join(args.methods) + " | bab leaves (mean) | bab-vertex leaves where Vertex won (mean) |",
                   "|---|" + "---|" * len(args.methods) + "---|---|"]
@@ -172,7 +179,7 @@ def _write(out, rows, commands, args):
             lb, vx = _verdicts(m), m.get("bab-vertex", {})
             lines.append(f"| {r['eps']} | " + " | ".join(f"{_mean(m[c]['seconds']):.3g}" if c in m else "–"
                                                          for c in args.methods) +
-                         f" | {_mean(lb.get('leaves', [])):.1f} | {_mean(vx.get('vertex_leaves', [])):.1f} |")
+                         f" | {_cell(_mean(lb.get('leaves', [])))} | {_cell(_mean(vx.get('vertex_leaves', [])))} |")
         if BASELINE in args.methods:
             lines += ["", f"certified: {BASELINE} (auto_LiRPA 0.3, a float32 baseline, not a proof): " +
                       ", ".join(f"eps {r['eps']}: {r['methods'][BASELINE]['certified']}" for r in rs
