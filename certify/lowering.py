@@ -275,7 +275,7 @@ class Builder:
             x = self.add(x, torch.where(keep > 0, 0.0, MASK_PENALTY).to(F64), name)
         y = self.node("softmax_shift", [x], s, f"{name}.shifted")
         e = self.node("exp", [y], s, f"{name}.exp")
-        if keep is None and s[-1] > 1 and _SOFTMAX_FORM.get() == "sigmoid":
+        if keep is None and s[-1] > 1 and current_softmax_form() == "sigmoid":
             others = torch.ones(s[-1], s[-1], dtype=F64) - torch.eye(s[-1], dtype=F64)
             # R_k > 0 in real arithmetic; the range keeps -log R defined where exp underflows
             rest = self.node("matmul_const", [e], s, f"{name}.rest", value_range=(0.0, None),

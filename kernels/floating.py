@@ -21,7 +21,7 @@ EXP_ULPS = 2
 #: relative error of one float64 exp (EXP_ULPS ulp = at most 2*EXP_ULPS*u relative)
 EXP_REL = 2 * EXP_ULPS * U64
 #: float64 ``log`` of torch is accurate to within LOG_ULPS units in the last place (glibc
-#: documents < 1 ulp; tested against mpmath in tests/test_certify_ops.py)
+#: documents < 1 ulp; tested against mpmath in tests/test_floating.py)
 LOG_ULPS = 2
 #: relative error of one float64 log of a positive normal or subnormal float
 LOG_REL = 2 * LOG_ULPS * U64

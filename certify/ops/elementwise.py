@@ -112,11 +112,9 @@ def _neg_log_default(l, u):
     boxes of an exp-sum (u/l of several orders) the midpoint sits far from it."""
     l, u = torch.as_tensor(l, dtype=torch.float64), torch.as_tensor(u, dtype=torch.float64)
     w = u - l
-    wide = (w > 0) & (l > 0)
-    ratio = torch.where(wide, torch.log(torch.where(wide, u, 2.0) / torch.where(wide, l, 1.0)), 1.0)
-    m = torch.where(wide, w / ratio, l)
-    a = torch.where(wide, (m - l) / torch.where(wide, w, 1.0), 0.5)
-    return torch.where(torch.isfinite(a), a.clamp(0, 1), 0.5)
+    # off the boxes with 0 < l < u the quotients are NaN or inf: those take the midpoint
+    a = (w / torch.log(u / l) - l) / w
+    return torch.where((w > 0) & (l > 0) & torch.isfinite(a), a.clamp(0, 1), 0.5)
 
 
 def _half(l, u):
