@@ -217,12 +217,14 @@ def vertex_pv_term(state, pv, A):
     return sub_down(s, charge(low, 1.0, math.prod(low.shape[2:]) + 1))
 
 
-def crown_node(state, i, select=None):
+def crown_node(state, i, select=None, optimise=0, lr=0.1):
     """CROWN bounds (l, u) of node i, each (B, *shape): one lower row e_k and one upper row
     -e_k per element k where ``select`` (bool (B, *shape); default all) holds, in chunks of
     about CHUNK_ELEMENTS coefficients (few large chunks: the backward pass is overhead bound; see
     CHUNK_ELEMENTS). Unselected elements get (-inf, inf). Images of a batch with fewer selected elements are
-    padded with rows whose result is discarded."""
+    padded with rows whose result is discarded. ``optimise`` > 0: each row's bound is
+    alpha-CROWN's (``optimised_lower``, that many Adam steps at rate ``lr``): the relaxations of
+    every node up to i optimised for that row alone."""
     shape = state.g.nodes[i].shape
     m, b = _numel(shape), state.batch
     widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
@@ -243,7 +245,8 @@ def crown_node(state, i, select=None):
         A = torch.zeros(b, 2 * c, m, dtype=torch.float64)
         A[:, :c].scatter_(2, cidx.unsqueeze(-1), 1.0)
         A[:, c:].scatter_(2, cidx.unsqueeze(-1), -1.0)
-        out = backward(state, i, A.reshape(b, 2 * c, *shape))
+        A = A.reshape(b, 2 * c, *shape)
+        out = optimised_lower(state, i, A, optimise, lr) if optimise else backward(state, i, A)
         del A
         lo.scatter_reduce_(1, cidx, torch.where(cval, out[:, :c], -torch.inf), "amax")
         hi.scatter_reduce_(1, cidx, torch.where(cval, -out[:, c:], torch.inf), "amin")
@@ -293,7 +296,13 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmeti
       same, but the skipped elements keep their IBP bounds, and later IBP intervals that
       start from them can be looser, so a later node where IBP beat CROWN can end looser;
     - "dense": the algorithm before, [I; -I] over every element in ELEMENT_BUDGET chunks
-      (kept for the depth benchmark and the test that "full" is no looser)."""
+      (kept for the depth benchmark and the test that "full" is no looser);
+    - "alpha": "full", then the elements whose consumers' relaxations are still undecided
+      (``_decided``) re-bounded by alpha-CROWN (``INTERMEDIATE_STEPS`` Adam steps per row,
+      every relaxation up to the node optimised for that row; Xu et al. 2021 optimise the
+      intermediate bounds in the same way) and intersected: no looser than "full" at each
+      node given the same upstream bounds, and about 30x its time on mnist-vit1
+      (docs/certify/bab.notes.md)."""
     if intermediate not in INTERMEDIATE:
         raise ValueError(f"intermediate: expected one of {', '.join(INTERMEDIATE)}, got {intermediate!r}")
     arithmetic = _ambient(arithmetic)
@@ -323,6 +332,12 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmeti
                 cl, cu = crown_node(state, i, select)
             l, u = torch.maximum(l, cl), torch.minimum(u, cu)
             del cl, cu
+            if intermediate == "alpha":
+                # optimise only where CROWN left some consumer's relaxation undecided
+                select = ~(l == u) & ~_decided(graph, users[i], l, u)
+                if select.any():
+                    cl, cu = crown_node(state, i, select, optimise=INTERMEDIATE_STEPS)
+                    l, u = torch.maximum(l, cl), torch.minimum(u, cu)
         if vertex and i in att_of:
             vl, vu = _vertex_interval(state, att_of[i], i)
             l, u = torch.maximum(l, vl), torch.minimum(u, vu)
@@ -330,7 +345,9 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmeti
     return state
 
 
-INTERMEDIATE = ("full", "sparse", "dense")
+INTERMEDIATE = ("full", "sparse", "dense", "alpha")
+#: Adam steps per row of an intermediate bound optimised by ``intermediate="alpha"``
+INTERMEDIATE_STEPS = 10
 #: coefficients per chunk of intermediate-bound rows (crown_node): 2 MB of float64. The
 #: backward pass is dominated by per-step Python overhead, so fewer, larger chunks win:
 #: `python examples/chunk_benchmark.py --images 4` (one thread, quiet machine, 2026-12-03)
@@ -421,31 +438,50 @@ def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None):
     range, where every value gives a sound bound, so the optimisation only changes
     tightness; the best bound per row over all steps is kept. ``operators``: the names of
     the operators to optimise (None: all; ("relu",): the ReLU-only alpha-CROWN)."""
-    nodes = state.g.nodes
-    best = backward(state, state.g.output, C)
+    return optimised_lower(state, state.g.output, C, iterations, lr, operators=operators)
+
+
+def optimised_lower(state, target, A, iterations=20, lr=0.1, *, operators=None):
+    """Lower bound (B, S) of A·x_target (as ``backward``), with the parameters of every
+    optimisable node up to ``target`` optimised per row by ``iterations`` Adam steps at rate
+    ``lr`` (``alpha_crown``; it runs with gradients on even inside ``torch.no_grad()``)."""
+    best = backward(state, target, A)
     alphas, ranges = {}, {}
-    for i, node in enumerate(nodes):
+    for i in sorted(_ancestors(state.g, target)):
+        node = state.g.nodes[i]
         if operators is not None and node.op not in operators:
             continue
-        start = alpha_start(state, i, C.shape[1])
+        start = alpha_start(state, i, A.shape[1])
         if start is not None:
             alphas[i], ranges[i] = start[0].requires_grad_(True), start[1]
     if not alphas or iterations <= 0:
         return best
-    opt = torch.optim.Adam(list(alphas.values()), lr=lr)
-    for _ in range(iterations):
-        lo = backward(state, state.g.output, C, alphas=alphas)
-        best = torch.maximum(best, lo.detach())
-        opt.zero_grad()
-        # rows already at -inf or NaN (no information) must not poison the others' steps
-        (-torch.where(torch.isfinite(lo), lo, 0.0).sum()).backward()
-        opt.step()
-        with torch.no_grad():
-            for i, a in alphas.items():
-                a.clamp_(*ranges[i])
+    with torch.enable_grad():
+        opt = torch.optim.Adam(list(alphas.values()), lr=lr)
+        for _ in range(iterations):
+            lo = backward(state, target, A, alphas=alphas)
+            best = torch.maximum(best, lo.detach())
+            opt.zero_grad()
+            # rows already at -inf or NaN (no information) must not poison the others' steps
+            (-torch.where(torch.isfinite(lo), lo, 0.0).sum()).backward()
+            opt.step()
+            with torch.no_grad():
+                for i, a in alphas.items():
+                    a.clamp_(*ranges[i])
     with torch.no_grad():
-        lo = backward(state, state.g.output, C, alphas=alphas)
+        lo = backward(state, target, A, alphas=alphas)
     return torch.maximum(best, lo)
+
+
+def _ancestors(graph, target):
+    """target and every node it depends on: the nodes whose relaxations its bound uses."""
+    seen, todo = {target}, [target]
+    while todo:
+        for j in graph.nodes[todo.pop()].inputs:
+            if j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return seen
 
 
 ALPHA_RANGE = (0.0, 1.0)  # the range of an elementwise family's parameter (``Elementwise``)

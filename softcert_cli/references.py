@@ -81,6 +81,7 @@ METHOD_KEYS = {
     "crown": ("zhang2018crown", "shi2020transformers"),
     "alpha-crown": ("xu2021fast",),
     "alpha-crown-relu": ("xu2021fast",),
+    "alpha-crown-intermediate": ("xu2021fast",),
     "vertex": ("davoodi2026vertex", "zhang2018crown"),
     "lirpa-ibp": ("xu2020autolirpa", "gowal2018ibp"),
     "lirpa-crown": ("xu2020autolirpa", "zhang2018crown"),

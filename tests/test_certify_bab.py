@@ -65,10 +65,12 @@ def _grid_margins(x, y, eps):
     return (z[:, y:y + 1] - z).min(0).values
 
 
-@pytest.fixture(scope="module", params=[dict(), dict(refine=128, vertex=True)], ids=["default", "crown-vertex"])
+@pytest.fixture(scope="module", params=[dict(), dict(refine=128, vertex=True), dict(intermediate="alpha")],
+                ids=["default", "crown-vertex", "alpha-root"])
 def result(request):
     # the default, and the options off by default: leaves re-bound small nonlinear inputs by
-    # CROWN (refine) and use Vertex-Softmax intervals and P·V bounds (vertex)
+    # CROWN (refine) and use Vertex-Softmax intervals and P·V bounds (vertex); the root's
+    # intermediate bounds optimised by alpha-CROWN (intermediate)
     return bab.verify(MODEL, X[:4], Y[:4], EPS, timeout=20, domain=None, max_leaves=20, batch=8,
                       **request.param)
 
@@ -246,6 +248,8 @@ def test_bad_input_named():
         bab.verify(MODEL, X[:1], Y[:1], float("nan"), timeout=5, domain=None)
     with pytest.raises(ValueError, match="label"):
         bab.verify(MODEL, X[:1], torch.tensor([7]), EPS, timeout=5, domain=None)
+    with pytest.raises(ValueError, match="intermediate"):
+        bab.verify(MODEL, X[:1], Y[:1], EPS, timeout=5, domain=None, intermediate="fast")
 
 
 # ---------------------------------------------------------------- VNN-COMP on the same engine

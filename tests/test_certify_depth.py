@@ -153,6 +153,57 @@ def test_intermediate_mode_is_checked():
         crown.propagate(g, xl, xu, intermediate="fast")
 
 
+# ----------------------------------------------------------------------------- optimised intermediate bounds
+@pytest.fixture(scope="module")
+def alpha_runs():
+    g = TINY.g
+    xl, xu = TINY.bounds[0]
+    x0 = (xl + xu) / 2
+    with torch.no_grad():  # as branch and bound calls it: the optimisation turns gradients on itself
+        return {mode: crown.propagate(g, xl, xu, anchor=x0, intermediate=mode) for mode in ("full", "alpha")}
+
+
+def test_alpha_intermediate_encloses_corners_and_samples(alpha_runs):
+    g, state = TINY.g, alpha_runs["alpha"]
+    xl, xu = state.bounds[0]
+    gen = torch.Generator().manual_seed(5)
+    corners = torch.where(torch.rand(32, *xl.shape, generator=gen) < 0.5, xl, xu)
+    inside = xl + (xu - xl) * torch.rand(32, *xl.shape, generator=gen, dtype=torch.float64)
+    for p in torch.cat([corners, inside]):
+        vals = [p]
+        for i, node in enumerate(g.nodes[1:], 1):
+            vals.append(ops.forward(node, [vals[j] for j in node.inputs], state.consts.get(i)))
+        for i, v in enumerate(vals):
+            l, u = state.bounds[i]
+            assert (l <= v + 1e-9 * (1 + v.abs())).all() and (v <= u + 1e-9 * (1 + v.abs())).all(), i
+
+
+def test_alpha_intermediate_tightens_the_first_optimisable_node(alpha_runs):
+    """Up to the first node whose bounds differ, both modes saw the same upstream bounds: that
+    node is one CROWN bounds, no looser than "full" and strictly tighter somewhere."""
+    g, full, alpha = TINY.g, alpha_runs["full"], alpha_runs["alpha"]
+    for i in range(1, len(g.nodes)):
+        if all(torch.equal(a, b) for a, b in zip(full.bounds[i], alpha.bounds[i])):
+            continue
+        assert i in crown._needs_bounds(g)
+        (lf, uf), (la, ua) = full.bounds[i], alpha.bounds[i]
+        assert (la >= lf).all() and (ua <= uf).all()
+        assert ((la > lf + 1e-6) | (ua < uf - 1e-6)).any()
+        break
+    else:
+        pytest.fail("intermediate='alpha' changed no bound")
+
+
+def test_optimised_lower_without_steps_is_crown():
+    target = TARGETS[-1]
+    shape = TINY.g.nodes[target].shape
+    m = crown._numel(shape)
+    A = torch.eye(m, dtype=torch.float64).reshape(1, m, *shape).expand(TINY.batch, -1, *shape)
+    assert torch.equal(crown.optimised_lower(TINY, target, A, 0), crown.backward(TINY, target, A))
+    better = crown.optimised_lower(TINY, target, A, 5)
+    assert (better >= crown.backward(TINY, target, A)).all()
+
+
 # ----------------------------------------------------------------------------- peak memory
 def test_peak_memory_sees_an_allocation():
     psutil = pytest.importorskip("psutil")

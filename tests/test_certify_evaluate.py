@@ -84,8 +84,8 @@ def test_evaluate_validates(bad):
 
 
 def test_method_registry_carries_descriptions_and_assumptions():
-    assert list(certify.METHODS) == ["ibp", "crown", "alpha-crown", "vertex", "alpha-crown-relu", "lirpa-ibp",
-                                     "lirpa-crown", "lirpa-alpha-crown"]
+    assert list(certify.METHODS) == ["ibp", "crown", "alpha-crown", "vertex", "alpha-crown-relu",
+                                     "alpha-crown-intermediate", "lirpa-ibp", "lirpa-crown", "lirpa-alpha-crown"]
     for name, m in certify.METHODS.items():
         assert m.name == name and m.description and m.assumptions
     r = certify.verify(M, X[:1], Y[:1], 0.01, method="crown")
