@@ -271,7 +271,8 @@ class _Engine:
                 a = self.g.nodes[k].operator.slope_init(l, u).unsqueeze(1).expand(B, W, *l.shape[1:])
             elif a is None:
                 node = self.g.nodes[k]
-                init = node.operator.alpha_init(B, node.shape).to(torch.float64)
+                ins = [self.g.nodes[j].shape for j in node.inputs]
+                init = node.operator.alpha_init(B, node.shape, ins).to(torch.float64)
                 a = init.unsqueeze(1).expand(B, W, *init.shape[1:])
             alphas[k] = a.detach().clone().requires_grad_(True)
         cbounds = self._constraint_bounds(cons, B) if self.beta else {}

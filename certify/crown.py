@@ -490,7 +490,7 @@ ALPHA_RANGE = (0.0, 1.0)  # the range of an elementwise family's parameter (``El
 def alpha_start(state, i, specs):
     """(warm start (B, S, *shape), range) of node i's free parameters, or None: the
     elementwise families declare ``slope_init(l, u)`` on their input box, the products
-    ``alpha_init(batch, shape)`` and ``alpha_range``."""
+    ``alpha_init(batch, shape, input shapes)`` and ``alpha_range``."""
     node = state.g.nodes[i]
     op = node.operator
     with torch.no_grad():
@@ -498,7 +498,8 @@ def alpha_start(state, i, specs):
             l, u = state.bounds[node.inputs[0]]
             init, rng = op.slope_init(l, u), ALPHA_RANGE
         elif op.kind == "bilinear" and callable(getattr(op, "alpha_init", None)):
-            init, rng = op.alpha_init(state.batch, node.shape), op.alpha_range
+            ins = [state.g.nodes[j].shape for j in node.inputs]
+            init, rng = op.alpha_init(state.batch, node.shape, ins), op.alpha_range
         else:
             return None
         init = init.to(torch.float64).unsqueeze(1)

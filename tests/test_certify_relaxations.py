@@ -59,6 +59,7 @@ def test_every_family_declares_its_parameter():
     for name in ("mul", "matmul"):
         op = ops.get(name)
         assert op.alpha_range == (0.0, 1.0) and op.alpha_init(2, (3, 4)).eq(1).all()
+        assert op.alpha_init(2, (3, 4), [(3, 5), (5, 4)]).eq(1).all()
 
 
 def _boxes(name, n, gen):
@@ -238,6 +239,42 @@ def test_product_step_sampling_random_alpha(op):
         plane = bias + ops.sum_rest(ax * x.unsqueeze(1)) + ops.sum_rest(ay * y.unsqueeze(1))
         assert (plane <= true + 1e-12 * (1 + true.abs())).all()
         assert (zl <= z).all() and (z <= zu).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from([1e-9, 1.0, 1e4]), st.sampled_from([1e-9, 1.0, 1e4]),
+       st.sampled_from(["random", "zeros", "ones", "corners"]))
+def test_matmul_per_product_alpha_exact_at_every_vertex(seed, centre, width, kind):
+    """One alpha per product X_ik Y_kj (shape (B, S, n, k, m)): the step holds at every vertex
+    of the boxes, exactly (Fractions), for alphas anywhere in [0, 1]."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda s: torch.randn(1, *s, generator=gen, dtype=F64)  # noqa: E731
+    xl, yl = r((2, 3)) * centre, r((3, 2)) * centre
+    xu, yu = xl + r((2, 3)).abs() * width, yl + r((3, 2)).abs() * width
+    A = torch.randn(1, 1, 2, 2, generator=gen, dtype=F64)
+    alpha = {"random": torch.rand(1, 1, 2, 3, 2, generator=gen, dtype=F64),
+             "zeros": torch.zeros(1, 1, 2, 3, 2, dtype=F64), "ones": torch.ones(1, 1, 2, 3, 2, dtype=F64),
+             "corners": (torch.rand(1, 1, 2, 3, 2, generator=gen) < 0.5).to(F64)}[kind]
+    _exact_step_check("matmul", A, (xl, xu), (yl, yu), (2, 3), (3, 2), alpha)
+
+
+def test_matmul_per_product_alpha_generalises_the_shared_one():
+    """Per-product alphas equal along k give the shared-alpha step (within rounding), and the
+    default ``alpha_init`` has the per-product shape."""
+    gen = torch.Generator().manual_seed(23)
+    c = lambda s: torch.randn(2, *s, generator=gen, dtype=F64)  # noqa: E731
+    xl, yl = c((3, 4)), c((4, 5))
+    xu, yu = xl + c((3, 4)).abs(), yl + c((4, 5)).abs()
+    A = torch.randn(2, 6, 3, 5, generator=gen, dtype=F64)
+    shared = torch.rand(2, 6, 3, 5, generator=gen, dtype=F64)
+    per = shared.unsqueeze(-2).expand(2, 6, 3, 4, 5)
+    op = ops.get("matmul")
+    (ax1, ay1), b1 = op.relax(A, (xl, xu), (yl, yu), (3, 4), (4, 5), shared)
+    (ax2, ay2), b2 = op.relax(A, (xl, xu), (yl, yu), (3, 4), (4, 5), per)
+    for a, b in ((ax1, ax2), (ay1, ay2), (b1, b2)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert op.alpha_init(2, (3, 5), [(3, 4), (4, 5)]).shape == (2, 3, 4, 5)
+    assert op.alpha_init(2, (3, 5)).shape == (2, 3, 5)
 
 
 @settings(max_examples=40, deadline=None)
