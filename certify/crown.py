@@ -19,6 +19,7 @@ is the old unsound float64, kept to measure the cost (docs/certify/sound-fp.md).
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -217,14 +218,15 @@ def vertex_pv_term(state, pv, A):
     return sub_down(s, charge(low, 1.0, math.prod(low.shape[2:]) + 1))
 
 
-def crown_node(state, i, select=None, optimise=0, lr=0.1):
+def crown_node(state, i, select=None, optimise=0, lr=0.1, deadline=None):
     """CROWN bounds (l, u) of node i, each (B, *shape): one lower row e_k and one upper row
     -e_k per element k where ``select`` (bool (B, *shape); default all) holds, in chunks of
     about CHUNK_ELEMENTS coefficients (few large chunks: the backward pass is overhead bound; see
     CHUNK_ELEMENTS). Unselected elements get (-inf, inf). Images of a batch with fewer selected elements are
     padded with rows whose result is discarded. ``optimise`` > 0: each row's bound is
     alpha-CROWN's (``optimised_lower``, that many Adam steps at rate ``lr``): the relaxations of
-    every node up to i optimised for that row alone."""
+    every node up to i optimised for that row alone; chunks started after ``deadline`` (a
+    ``time.monotonic()`` value) get plain CROWN rows."""
     shape = state.g.nodes[i].shape
     m, b = _numel(shape), state.batch
     widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
@@ -246,7 +248,9 @@ def crown_node(state, i, select=None, optimise=0, lr=0.1):
         A[:, :c].scatter_(2, cidx.unsqueeze(-1), 1.0)
         A[:, c:].scatter_(2, cidx.unsqueeze(-1), -1.0)
         A = A.reshape(b, 2 * c, *shape)
-        out = optimised_lower(state, i, A, optimise, lr) if optimise else backward(state, i, A)
+        late = deadline is not None and time.monotonic() > deadline
+        out = optimised_lower(state, i, A, optimise, lr, per_product=INTERMEDIATE_PER_PRODUCT) \
+            if optimise and not late else backward(state, i, A)
         del A
         lo.scatter_reduce_(1, cidx, torch.where(cval, out[:, :c], -torch.inf), "amax")
         hi.scatter_reduce_(1, cidx, torch.where(cval, -out[:, c:], torch.inf), "amin")
@@ -281,7 +285,8 @@ def _domain(node, l, u):
     return l, torch.maximum(l, u)
 
 
-def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmetic=None, intermediate="full"):
+def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmetic=None, intermediate="full",
+              deadline=None, optimise=None):
     """Bounds of every node. crown=False: IBP only. vertex=True: softmax probabilities and
     attention outputs are also intersected with their exact Vertex-Softmax intervals.
     ``anchor``: the input point (default: the box centre) whose winning key j* per attention
@@ -302,7 +307,9 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmeti
       every relaxation up to the node optimised for that row; Xu et al. 2021 optimise the
       intermediate bounds in the same way) and intersected: no looser than "full" at each
       node given the same upstream bounds, and about 30x its time on mnist-vit1
-      (docs/certify/bab.notes.md)."""
+      (docs/certify/bab.notes.md). ``deadline`` (a ``time.monotonic()`` value): optimisation
+      stops there and the remaining elements keep their "full" bounds. ``optimise``: node id ->
+      bool (B, *shape), the only elements "alpha" optimises (default: every undecided one)."""
     if intermediate not in INTERMEDIATE:
         raise ValueError(f"intermediate: expected one of {', '.join(INTERMEDIATE)}, got {intermediate!r}")
     arithmetic = _ambient(arithmetic)
@@ -335,8 +342,10 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmeti
             if intermediate == "alpha":
                 # optimise only where CROWN left some consumer's relaxation undecided
                 select = ~(l == u) & ~_decided(graph, users[i], l, u)
-                if select.any():
-                    cl, cu = crown_node(state, i, select, optimise=INTERMEDIATE_STEPS)
+                if optimise is not None:
+                    select &= optimise[i] if i in optimise else torch.zeros_like(select)
+                if select.any() and (deadline is None or time.monotonic() < deadline):
+                    cl, cu = crown_node(state, i, select, optimise=INTERMEDIATE_STEPS, deadline=deadline)
                     l, u = torch.maximum(l, cl), torch.minimum(u, cu)
         if vertex and i in att_of:
             vl, vu = _vertex_interval(state, att_of[i], i)
@@ -348,6 +357,8 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmeti
 INTERMEDIATE = ("full", "sparse", "dense", "alpha")
 #: Adam steps per row of an intermediate bound optimised by ``intermediate="alpha"``
 INTERMEDIATE_STEPS = 10
+#: whether those rows give each product of a matmul its own alpha (``certify.ops.bilinear``)
+INTERMEDIATE_PER_PRODUCT = False
 #: coefficients per chunk of intermediate-bound rows (crown_node): 2 MB of float64. The
 #: backward pass is dominated by per-step Python overhead, so fewer, larger chunks win:
 #: `python examples/chunk_benchmark.py --images 4` (one thread, quiet machine, 2026-12-03)
@@ -441,7 +452,7 @@ def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None):
     return optimised_lower(state, state.g.output, C, iterations, lr, operators=operators)
 
 
-def optimised_lower(state, target, A, iterations=20, lr=0.1, *, operators=None):
+def optimised_lower(state, target, A, iterations=20, lr=0.1, *, operators=None, per_product=True):
     """Lower bound (B, S) of A·x_target (as ``backward``), with the parameters of every
     optimisable node up to ``target`` optimised per row by ``iterations`` Adam steps at rate
     ``lr`` (``alpha_crown``; it runs with gradients on even inside ``torch.no_grad()``)."""
@@ -451,7 +462,7 @@ def optimised_lower(state, target, A, iterations=20, lr=0.1, *, operators=None):
         node = state.g.nodes[i]
         if operators is not None and node.op not in operators:
             continue
-        start = alpha_start(state, i, A.shape[1])
+        start = alpha_start(state, i, A.shape[1], per_product)
         if start is not None:
             alphas[i], ranges[i] = start[0].requires_grad_(True), start[1]
     if not alphas or iterations <= 0:
@@ -487,7 +498,7 @@ def _ancestors(graph, target):
 ALPHA_RANGE = (0.0, 1.0)  # the range of an elementwise family's parameter (``Elementwise``)
 
 
-def alpha_start(state, i, specs):
+def alpha_start(state, i, specs, per_product=True):
     """(warm start (B, S, *shape), range) of node i's free parameters, or None: the
     elementwise families declare ``slope_init(l, u)`` on their input box, the products
     ``alpha_init(batch, shape, input shapes)`` and ``alpha_range``."""
@@ -498,7 +509,7 @@ def alpha_start(state, i, specs):
             l, u = state.bounds[node.inputs[0]]
             init, rng = op.slope_init(l, u), ALPHA_RANGE
         elif op.kind == "bilinear" and callable(getattr(op, "alpha_init", None)):
-            ins = [state.g.nodes[j].shape for j in node.inputs]
+            ins = [state.g.nodes[j].shape for j in node.inputs] if per_product else None
             init, rng = op.alpha_init(state.batch, node.shape, ins), op.alpha_range
         else:
             return None

@@ -65,8 +65,9 @@ def _grid_margins(x, y, eps):
     return (z[:, y:y + 1] - z).min(0).values
 
 
-@pytest.fixture(scope="module", params=[dict(), dict(refine=128, vertex=True), dict(intermediate="alpha")],
-                ids=["default", "crown-vertex", "alpha-root"])
+@pytest.fixture(scope="module", params=[dict(), dict(refine=128, vertex=True), dict(intermediate="alpha"),
+                                        dict(intermediate="auto")],
+                ids=["default", "crown-vertex", "alpha-root", "auto-root"])
 def result(request):
     # the default, and the options off by default: leaves re-bound small nonlinear inputs by
     # CROWN (refine) and use Vertex-Softmax intervals and P·V bounds (vertex); the root's
@@ -237,6 +238,26 @@ def test_api_verify_bab_path():
 def test_bad_timeout_named(timeout):
     with pytest.raises(ValueError, match="timeout"):
         bab.verify(MODEL, X[:1], Y[:1], EPS, timeout=timeout, domain=None)
+
+
+def test_auto_root_optimises_only_open_roots(monkeypatch):
+    """intermediate="auto": samples proved at the root never pay for optimised intermediate
+    bounds; an open root is re-bounded on them (and the verdict stays sound: the grid)."""
+    from certify import crown
+
+    calls = []
+    propagate = crown.propagate
+    monkeypatch.setattr(crown, "propagate", lambda *a, **k: calls.append(k["intermediate"]) or propagate(*a, **k))
+    seen = set()
+    for b in range(6):
+        calls.clear()
+        v = bab.verify(MODEL, X[b:b + 1], Y[b:b + 1], EPS, timeout=20, domain=None, max_leaves=20, batch=8,
+                       intermediate="auto", attack=False).verdicts[0]
+        # the roots alone are one leaf per target class (2 here): more means a root was open
+        assert calls == (["full"] if v.leaves == 2 else ["full", "alpha"])
+        seen.add(tuple(calls))
+        assert (v.lower_margin <= _grid_margins(X[b], int(Y[b]), EPS) + 1e-9).all()
+    assert seen == {("full",), ("full", "alpha")}
 
 
 def test_bad_input_named():

@@ -44,6 +44,10 @@ def configure(parser):
     parser.add_argument("--softmax", default="sigmoid", choices=certify.SOFTMAX_FORMS,
                         help="softmax lowering (certify.softmax_form): sigmoid (default) or product (the lowering "
                              "before session 7, 2026-12-03, to measure what the default buys)")
+    parser.add_argument("--intermediate", default="auto", choices=bab.ROOT_INTERMEDIATE,
+                        help="the bab root's intermediate bounds (certify.bab.verify): auto (default; optimised "
+                             "only where the root is left open), full (CROWN: the default before session 8, "
+                             "2026-12-03), alpha (always optimised)")
     parser.add_argument("--out", default="docs/certify")
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of other (model, eps) pairs already in OUT/bab.json (e.g. a second model "
@@ -74,7 +78,8 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = common.command_line(args, "bab", [
         ("--model", args.model), ("--eps", args.eps), ("--n", args.n), ("--timeout", args.timeout),
-        ("--methods", args.methods), ("--softmax", args.softmax), ("--out", args.out)])
+        ("--methods", args.methods), ("--softmax", args.softmax), ("--intermediate", args.intermediate),
+        ("--out", args.out)])
     rows, commands = [], [command]
     if args.append and (out / "bab.json").exists():
         old = json.loads((out / "bab.json").read_text())
@@ -95,11 +100,12 @@ def _runs(args, out, rows, commands, bar):
         for eps in args.eps:
             att = certify.attack(model, x, y, eps)
             row = dict(model=name, eps=eps, n=len(y), timeout=args.timeout, pgd_robust=int((~att.falsified).sum()),
-                       softmax=args.softmax, methods={})
+                       softmax=args.softmax, intermediate=args.intermediate, methods={})
             for meth in args.methods:
                 bar.set_postfix_str(f"{name} eps {eps} {meth}")
                 if meth in ("bab", "bab-vertex"):
-                    r = bab.verify(model, x, y, eps, timeout=args.timeout, vertex=meth == "bab-vertex")
+                    r = bab.verify(model, x, y, eps, timeout=args.timeout, vertex=meth == "bab-vertex",
+                                   intermediate=args.intermediate)
                     for b, v in enumerate(r.verdicts):
                         if v.status == "certified" and bool(att.falsified[b]):
                             raise certify.SoundnessError(f"{name} eps {eps} image {b}: bab certified, PGD falsified")
@@ -155,20 +161,25 @@ def _write(out, rows, commands, args):
              "P·V bounds in the leaves (`vertex=True`). alpha-crown-relu: alpha-CROWN on the ReLU slopes only "
              "(method `" + _registered("alpha-crown-relu") + "`); alpha-crown: on every optimisable relaxation (certify/ops).",
              "softmax: the lowering of our methods (`--softmax`, certify.softmax_form): sigmoid, p_k = σ(y_k - log Σ_{j≠k}",
-             "exp y_j), or product, exp(y_k) · 1/Σ_j exp(y_j) (the default before session 7, 2026-12-03).", ""]
+             "exp y_j), or product, exp(y_k) · 1/Σ_j exp(y_j) (the default before session 7, 2026-12-03).",
+             "bab root: the root's intermediate bounds (`--intermediate`, certify.bab.ROOT_INTERMEDIATE): full (CROWN), or",
+             "auto (CROWN, then, where the root is left open and PGD fails, the most sensitive quarter of each split",
+             "node's elements re-bounded by alpha-CROWN; the default since session 8).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model}", "", "### Verdicts (bab) and certified counts per ingredient", "",
-                  "| eps | softmax | n | PGD-robust | " + "".join(f"certified: {c} | " for c in cols) +
+                  "| eps | softmax | bab root | n | PGD-robust | " + "".join(f"certified: {c} | " for c in cols) +
                   "bab falsified | bab unknown |",
-                  "|---|---|---|---|" + "---|" * len(cols) + "---|---|"]
+                  "|---|---|---|---|---|" + "---|" * len(cols) + "---|---|"]
         for r in rs:
             m = r["methods"]
             counts = _verdicts(m).get("counts", {})
             # rows written before the softmax column existed used the product lowering; the
             # baseline runs auto_LiRPA's own graph, so a row of it alone has no lowering
             form = r.get("softmax", "product") if any(c in m for c in INGREDIENTS) else "–"
-            lines.append(f"| {r['eps']} | {form} | {r['n']} | {r['pgd_robust']} | " +
+            # rows written before session 8 bounded the root with CROWN intermediate bounds
+            root = r.get("intermediate", "full") if any(c in m for c in ("bab", "bab-vertex")) else "–"
+            lines.append(f"| {r['eps']} | {form} | {root} | {r['n']} | {r['pgd_robust']} | " +
                          "".join(f"{m[c]['certified'] if c in m else '–'} | " for c in cols) +
                          f"{counts.get('falsified', '–')} | {counts.get('unknown', '–')} |")
         lines += ["", "### Seconds per sample (mean) and BaB leaves", "",
