@@ -276,32 +276,13 @@ class _Engine:
 
     def _sensitive(self, groups, alpha):
         """node -> bool (1, *shape): per splittable node, the ROOT_OPTIMISED fraction of its
-        elements with the largest first-order gain of the root bounds of ``groups`` (alphas
-        ``alpha``) from tightening them, (d bound / d l)⁺ + (-d bound / d u)⁺ times the width
-        (the elements whose intermediate bounds the "auto" root optimises)."""
+        elements whose bounds the root bounds of ``groups`` (with their alphas ``alpha``) are
+        most sensitive to (``crown.most_sensitive``; the groups' rows share the one box)."""
         C, _ = self._spec(groups)
-        st, leaves, _ = self._state([{}] * len(groups))
-        lo = self._backward(st, C, alpha, {})
-        fin = torch.isfinite(lo)
-        nodes = [i for i in self.feeds if i in leaves]
-        wrt = [t for i in nodes for t in leaves[i]]
-        grads = torch.autograd.grad(lo[fin].sum(), wrt, allow_unused=True) if fin.any() else [None] * len(wrt)
-        out = {}
-        with torch.no_grad():
-            for n, i in enumerate(nodes):
-                l, u = (t.detach() for t in leaves[i])
-                gl, gu = grads[2 * n], grads[2 * n + 1]
-                width = torch.nan_to_num(u - l, nan=0.0, posinf=0.0)
-                score = torch.zeros_like(l)
-                if gl is not None:
-                    score = score + gl.clamp(min=0) * width
-                if gu is not None:
-                    score = score + (-gu).clamp(min=0) * width
-                score = score.sum(0, keepdim=True)  # the groups share the root's box
-                flat = score.flatten()
-                k = max(1, int(ROOT_OPTIMISED * flat.numel()))
-                out[i] = (score >= flat.topk(k).values[-1]) & (score > 0)
-        return out
+        flat = lambda t: t.reshape(1, -1, *t.shape[2:])  # noqa: E731
+        alphas = {k: flat(a) for k, a in alpha.items() if isinstance(k, int)}
+        return crown.most_sensitive(self.root, self.g.output, flat(C), list(self.feeds), ROOT_OPTIMISED,
+                                    alphas or None)
 
     def _bound(self, cons, groups, alpha0, parent_lb):
         """Bounds (B, W) of the leaves' rows (padded rows: -inf), their alphas, the chosen

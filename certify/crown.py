@@ -438,7 +438,41 @@ def ibp_lower(state, C):
     return _concretise(C.new_zeros(C.shape[:2]), C, l, u, _mode(state) == "sound")
 
 
-def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None):
+def most_sensitive(state, target, A, nodes, fraction, alphas=None):
+    """node -> bool (B, *shape): for each of ``nodes``, the ``fraction`` of its elements (per
+    image) whose bounds the bound of A·x_target (``backward`` with ``alphas``, summed over the
+    rows) is most sensitive to, scored by the first-order gain of tightening them:
+    ((d bound / d l)⁺ + (-d bound / d u)⁺) · (u - l). Elements of score 0 are never chosen.
+    Used to pick the intermediate bounds worth optimising (``propagate(..., optimise=)``)."""
+    saved, planes = {i: state.bounds[i] for i in nodes}, state.planes
+    leaves = {i: tuple(t.detach().clone().requires_grad_(True) for t in saved[i]) for i in nodes}
+    try:
+        state.bounds.update(leaves)
+        state.planes = {}  # the cached planes carry no gradient to the bounds
+        with torch.enable_grad():
+            lo = backward(state, target, A, alphas=alphas)
+            fin = torch.isfinite(lo)
+            wrt = [t for i in nodes for t in leaves[i]]
+            grads = torch.autograd.grad(lo[fin].sum(), wrt, allow_unused=True) if fin.any() else [None] * len(wrt)
+    finally:
+        state.bounds.update(saved)
+        state.planes = planes
+    out = {}
+    for n, i in enumerate(nodes):
+        l, u = saved[i]
+        width = torch.nan_to_num(u - l, nan=0.0, posinf=0.0)
+        score = torch.zeros_like(l)
+        for g, sign in ((grads[2 * n], 1), (grads[2 * n + 1], -1)):
+            if g is not None:
+                score = score + (sign * g).clamp(min=0) * width
+        flat = score.reshape(score.shape[0], -1)
+        k = max(1, int(fraction * flat.shape[1]))
+        cut = flat.topk(k, dim=1).values[:, -1:]
+        out[i] = ((flat >= cut) & (flat > 0)).reshape(score.shape)
+    return out
+
+
+def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None, per_product=True):
     """CROWN with the free relaxation parameters of the final specification optimised jointly
     by Adam (alpha-CROWN, Xu et al. 2021), per target class: every alpha has the spec axis S.
 
@@ -448,8 +482,9 @@ def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None):
     Warm start: the CROWN choice; after every Adam step each alpha is projected onto its
     range, where every value gives a sound bound, so the optimisation only changes
     tightness; the best bound per row over all steps is kept. ``operators``: the names of
-    the operators to optimise (None: all; ("relu",): the ReLU-only alpha-CROWN)."""
-    return optimised_lower(state, state.g.output, C, iterations, lr, operators=operators)
+    the operators to optimise (None: all; ("relu",): the ReLU-only alpha-CROWN).
+    ``per_product``: one alpha per product of a matmul (False: one per output element)."""
+    return optimised_lower(state, state.g.output, C, iterations, lr, operators=operators, per_product=per_product)
 
 
 def optimised_lower(state, target, A, iterations=20, lr=0.1, *, operators=None, per_product=True):

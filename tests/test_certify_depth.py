@@ -194,6 +194,42 @@ def test_alpha_intermediate_tightens_the_first_optimisable_node(alpha_runs):
         pytest.fail("intermediate='alpha' changed no bound")
 
 
+def test_most_sensitive_picks_a_fraction_and_leaves_the_state_alone():
+    g = TINY.g
+    C = torch.randn(TINY.batch, 4, *g.nodes[g.output].shape, generator=torch.Generator().manual_seed(6),
+                    dtype=torch.float64)
+    nodes = [i for i in TARGETS if any(g.nodes[c].operator.kind == "elementwise" for c in crown._consumers(g)[i])]
+    before = {i: tuple(t.clone() for t in TINY.bounds[i]) for i in nodes}
+    planes = TINY.planes
+    chosen = crown.most_sensitive(TINY, g.output, C, nodes, 0.25)
+    assert TINY.planes is planes
+    for i in nodes:
+        assert all(torch.equal(a, b) for a, b in zip(TINY.bounds[i], before[i])) and not TINY.bounds[i][0].requires_grad
+        m = chosen[i].reshape(TINY.batch, -1)
+        assert m.shape[1] == crown._numel(g.nodes[i].shape) and (m.sum(1) <= max(1, int(0.25 * m.shape[1]))).all()
+    assert any(chosen[i].any() for i in nodes)
+
+
+def test_optimise_mask_limits_what_alpha_changes(alpha_runs):
+    """With ``optimise=``, the first node whose bounds differ from "full" differs only where
+    the mask holds."""
+    g, full = TINY.g, alpha_runs["full"]
+    xl, xu = full.bounds[0]
+    need = [i for i in TARGETS if i > 0]
+    mask = {i: torch.rand(TINY.batch, *g.nodes[i].shape, generator=torch.Generator().manual_seed(i)) < 0.3
+            for i in need}
+    with torch.no_grad():
+        part = crown.propagate(g, xl, xu, anchor=(xl + xu) / 2, intermediate="alpha", optimise=mask)
+    for i in range(1, len(g.nodes)):
+        (lf, uf), (lp, up) = full.bounds[i], part.bounds[i]
+        if torch.equal(lf, lp) and torch.equal(uf, up):
+            continue
+        assert i in mask and not ((lf != lp) | (uf != up))[~mask[i]].any()
+        break
+    else:
+        pytest.fail("optimise= changed no bound")
+
+
 def test_optimised_lower_without_steps_is_crown():
     target = TARGETS[-1]
     shape = TINY.g.nodes[target].shape
