@@ -1,7 +1,9 @@
-"""The generic front end reproduces the bounds of the retired ViT-only path: docs/certify/
-results.json holds per-image lower margins computed by that path (command in the file), in
-its float64 arithmetic with the relative 1e-9 widening (now ``arithmetic("plain")``), and
-re-verifying the same images in that arithmetic gives the same bounds to 1e-9.
+"""The generic front end reproduces the bounds of the retired ViT-only path:
+tests/data/retired_vit_path.json holds per-image lower margins computed by that path (taken
+from docs/certify/results.json before it was regenerated with the current defaults; its
+provenance and command are in the file), in its float64 arithmetic with the relative 1e-9
+widening (now ``arithmetic("plain")``), and re-verifying the same images in that arithmetic
+gives the same bounds to 1e-9.
 
 Sound arithmetic (the default) moves them: the plain path widened every intermediate bound
 by 1e-9·(1 + |v|), which compounds through the layers (about 1e-9 relative on the final
@@ -18,7 +20,7 @@ import torch
 import certify
 from certify import ops, zoo
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "certify" / "results.json"
+RESULTS = Path(__file__).resolve().parent / "data" / "retired_vit_path.json"
 
 
 def _case(method):
@@ -35,7 +37,7 @@ def _case(method):
 @pytest.mark.parametrize("method", ["crown", "vertex"])
 def test_zoo_bounds_reproduce_the_vit_path(method):
     m, X, y, ref = _case(method)
-    # results.json was written with the softmax lowering of its time (exp · 1/Σ exp)
+    # the stored margins were computed with the softmax lowering of their time (exp · 1/Σ exp)
     with certify.softmax_form("product"):
         with ops.arithmetic("plain"):
             res = certify.verify(m, X, y, 0.01, method=method)
