@@ -39,7 +39,8 @@ TORCH = {"relu": torch.relu, "exp": torch.exp, "reciprocal": lambda t: 1 / t, "s
          "sigmoid": torch.sigmoid, "neg_log": lambda t: -torch.log(t)}
 FAMILIES = sorted(MP)
 CONVEX = ("exp", "reciprocal", "square", "rsqrt", "neg_log")
-POSITIVE = ("reciprocal", "rsqrt", "neg_log")
+# the maps defined for x >= 0 only, as their operators declare (the registry is the one list)
+POSITIVE = tuple(n for n in FAMILIES if getattr(ops.get(n), "domain", (None, None))[0] == 0.0)
 DOMAINS = {"relu": (-3, 3), "exp": (-8, 4), "reciprocal": (0.02, 6), "square": (-4, 4), "rsqrt": (0.01, 5),
            "gelu": (-6, 6), "gelu_tanh": (-6, 6), "tanh": (-5, 5), "sigmoid": (-10, 10),
            "neg_log": (1e-4, 60)}

@@ -369,7 +369,8 @@ MP_FUNCS = {"exp": mpmath.exp, "reciprocal": lambda t: 1 / t, "rsqrt": lambda t:
             "sqrt": mpmath.sqrt, "neg_log": lambda t: -mpmath.log(t), "tanh": mpmath.tanh, "sigmoid": lambda t: 1 / (1 + mpmath.exp(-t)),
             "gelu": lambda t: t * mpmath.ncdf(t),
             "gelu_tanh": lambda t: t / 2 * (1 + mpmath.tanh(mpmath.sqrt(2 / mpmath.pi) * (t + MPF("0.044715") * t**3)))}
-POSITIVE = {"reciprocal", "rsqrt", "sqrt", "neg_log"}
+# the maps defined for x >= 0 only, as their operators declare (the registry is the one list)
+POSITIVE = {n for n in MP_FUNCS if getattr(ops.get(n), "domain", (None, None))[0] == 0.0}
 
 
 def _params(names):
