@@ -296,14 +296,10 @@ class _Engine:
             # each family's declared range, where every value gives a sound relaxation
             ranges[k] = crown.ALPHA_RANGE if k in self.slopes else self.g.nodes[k].operator.alpha_range
             a = alpha0[k] if alpha0 is not None and k in alpha0 else None
-            if a is None and k in self.slopes:
-                l, u = self.root.bounds[self.g.nodes[k].inputs[0]]
-                a = self.g.nodes[k].operator.slope_init(l, u).unsqueeze(1).expand(B, W, *l.shape[1:])
-            elif a is None:
-                node = self.g.nodes[k]
-                ins = [self.g.nodes[j].shape for j in node.inputs]
-                init = node.operator.alpha_init(B, node.shape, ins).to(torch.float64)
-                a = init.unsqueeze(1).expand(B, W, *init.shape[1:])
+            if a is None:
+                # the CROWN choice on the root's bounds (batch 1), shared by the leaves
+                start, _ = crown.alpha_start(self.root, k, W)
+                a = start.expand(B, *start.shape[1:])
             alphas[k] = a.detach().clone().requires_grad_(True)
         cbounds = self._constraint_bounds(cons, B) if self.beta else {}
         for i in cbounds:
