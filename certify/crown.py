@@ -225,8 +225,9 @@ def crown_node(state, i, select=None, optimise=0, lr=0.1, deadline=None):
     CHUNK_ELEMENTS). Unselected elements get (-inf, inf). Images of a batch with fewer selected elements are
     padded with rows whose result is discarded. ``optimise`` > 0: each row's bound is
     alpha-CROWN's (``optimised_lower``, that many Adam steps at rate ``lr``): the relaxations of
-    every node up to i optimised for that row alone; chunks started after ``deadline`` (a
-    ``time.monotonic()`` value) get plain CROWN rows."""
+    every node up to i optimised for that row alone; chunks not started by ``deadline`` (a
+    ``time.monotonic()`` value) are skipped: their elements get (-inf, inf), like unselected
+    ones (the caller keeps the bounds it had)."""
     shape = state.g.nodes[i].shape
     m, b = _numel(shape), state.batch
     widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
@@ -242,15 +243,16 @@ def crown_node(state, i, select=None, optimise=0, lr=0.1, deadline=None):
         idx = torch.argsort((~sel).to(torch.int8), dim=1, stable=True)[:, :k]
         valid = torch.gather(sel, 1, idx)
     for s in range(0, idx.shape[1], half):
+        if deadline is not None and time.monotonic() > deadline:
+            break
         cidx, cval = idx[:, s: s + half], valid[:, s: s + half]
         c = cidx.shape[1]
         A = torch.zeros(b, 2 * c, m, dtype=torch.float64)
         A[:, :c].scatter_(2, cidx.unsqueeze(-1), 1.0)
         A[:, c:].scatter_(2, cidx.unsqueeze(-1), -1.0)
         A = A.reshape(b, 2 * c, *shape)
-        late = deadline is not None and time.monotonic() > deadline
         out = optimised_lower(state, i, A, optimise, lr, per_product=INTERMEDIATE_PER_PRODUCT) \
-            if optimise and not late else backward(state, i, A)
+            if optimise else backward(state, i, A)
         del A
         lo.scatter_reduce_(1, cidx, torch.where(cval, out[:, :c], -torch.inf), "amax")
         hi.scatter_reduce_(1, cidx, torch.where(cval, -out[:, c:], torch.inf), "amin")

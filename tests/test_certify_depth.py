@@ -230,6 +230,19 @@ def test_optimise_mask_limits_what_alpha_changes(alpha_runs):
         pytest.fail("optimise= changed no bound")
 
 
+def test_a_passed_deadline_keeps_the_full_bounds(alpha_runs):
+    """Past the deadline nothing is optimised: crown_node skips its chunks and "alpha" leaves
+    every node with its "full" bounds."""
+    g, full = TINY.g, alpha_runs["full"]
+    xl, xu = full.bounds[0]
+    l, u = crown.crown_node(TINY, TARGETS[-1], optimise=5, deadline=0.0)
+    assert (l == -torch.inf).all() and (u == torch.inf).all()
+    with torch.no_grad():
+        late = crown.propagate(g, xl, xu, anchor=(xl + xu) / 2, intermediate="alpha", deadline=0.0)
+    for i in range(len(g.nodes)):
+        assert all(torch.equal(a, b) for a, b in zip(full.bounds[i], late.bounds[i])), i
+
+
 def test_optimised_lower_without_steps_is_crown():
     target = TARGETS[-1]
     shape = TINY.g.nodes[target].shape
