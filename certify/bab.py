@@ -46,6 +46,11 @@ ROOT_INTERMEDIATE = (*crown.INTERMEDIATE, "auto")
 #: certified at the root in 30 s, all of them in 70 s, 10 % left -0.12
 #: (docs/certify/bab.notes.md)
 ROOT_OPTIMISED = 0.25
+#: the share of a sample's remaining budget the "auto" root may spend optimising intermediate
+#: bounds; the rest is left to branching. Without a cap, on mnist-vit2 (two blocks) the
+#: optimisation took the whole 60 s and ran over it by up to 15 s, so no leaf was split
+#: (docs/certify/bab.notes.md)
+ROOT_SHARE = 0.5
 STATUSES = ("certified", "falsified", "unknown")
 ASSUMPTIONS = ("certified: every BaB leaf proved by certify.crown bounds (the arithmetic of "
                "certify.crown.ARITHMETIC) on the float64 real-arithmetic traced graph; leaves cover the input "
@@ -430,9 +435,11 @@ class _Engine:
             # within the "full" ones), then bound the open groups' roots again on them
             groups = [lf.group for _, _, lf in heap]
             chosen = self._sensitive(groups, self._warm_start([lf.alpha for _, _, lf in heap]))
+            now = time.monotonic()
             with torch.no_grad():
                 self.root = crown.propagate(self.g, *self.box[:2], vertex=self.vertex, anchor=self.box[2],
-                                            intermediate="alpha", deadline=deadline, optimise=chosen)
+                                            intermediate="alpha", deadline=now + ROOT_SHARE * (deadline - now),
+                                            optimise=chosen)
             parents = torch.cat([lf.lb for _, _, lf in heap])
             heap.clear()
             lb, rhs, alpha, splits, worst = self._bound([{}] * len(groups), groups, None, parents)
@@ -525,7 +532,8 @@ def branch_and_bound(graph, xl, xu, C, rhs, groups, *, deadline, anchor=None, ve
     ``beta``: the split constraints enter the bound with optimised multipliers (beta-CROWN);
     ``intermediate``: how the root's intermediate bounds are computed (``crown.propagate``;
     "alpha" optimises them, at about 30x the root's time on mnist-vit1; "auto": "full", then
-    "alpha" within the deadline once the root is left open and the first attacks fail)."""
+    "alpha" within ``ROOT_SHARE`` of the remaining budget once the root is left open and the first
+    attacks fail)."""
     groups = torch.as_tensor(groups, dtype=torch.int64)
     eng = _Engine(graph, xl, xu, C, torch.as_tensor(rhs, dtype=torch.float64), groups, anchor, vertex,
                   alpha_steps, lr, refine, beta, intermediate)

@@ -260,6 +260,34 @@ def test_auto_root_optimises_only_open_roots(monkeypatch):
     assert seen == {("full",), ("full", "alpha")}
 
 
+def test_auto_root_leaves_branching_its_share_of_the_budget(monkeypatch):
+    """The "auto" root optimises within ROOT_SHARE of the budget left when it starts, not up
+    to the sample's deadline (on two blocks it used to take all of it: no leaf was split)."""
+    import time
+
+    from certify import crown
+
+    seen = []
+    propagate = crown.propagate
+
+    def spy(*a, **k):
+        if k["intermediate"] == "alpha":
+            seen.append((time.monotonic(), k["deadline"]))
+        return propagate(*a, **k)
+
+    monkeypatch.setattr(crown, "propagate", spy)
+    timeout = 30.0
+    for b in range(6):
+        bab.verify(MODEL, X[b:b + 1], Y[b:b + 1], EPS, timeout=timeout, domain=None, max_leaves=20, batch=8,
+                   intermediate="auto", attack=False)
+        for now, deadline in seen:
+            # the budget left when it starts is at most the timeout (1 ms: the spy's own clock read)
+            assert 0 < deadline - now <= bab.ROOT_SHARE * timeout + 1e-3
+        if seen:
+            break
+    assert seen, "no open root among the first six samples"
+
+
 def test_bad_input_named():
     bad = X[:1].clone()
     bad[0, 0] = float("nan")
