@@ -163,6 +163,21 @@ def _split_points(op, l, u):
     return torch.where(ok, mid, torch.nan)
 
 
+def split_gain(op, l, u, p, gl, gu):
+    """Estimated gain of the bound from splitting [l, u] at p, summed over the two children,
+    given gl, gu = d bound / d l, d bound / d u: the first-order change from moving u to p in
+    [l, p] and l to p in [p, u], (-gu)⁺ (u - p) + gl⁺ (p - l). For a ReLU split at 0 each term
+    is scaled to the exact change of the upper line's intercept c = -ul / (u - l), which the
+    split removes outright: c(l, u) - c(l, 0) = (-dc/du) u (u - l) / |l| and
+    c(l, u) - c(0, u) = (dc/dl) |l| (u - l) / u. The unscaled estimate ranks ReLU splits
+    too low: on mnist-vit1 image 18 at eps 0.01, 60 s, -0.124 against -0.072 with it
+    (docs/certify/bab.notes.md)."""
+    left, right = (-gu).clamp(min=0) * (u - p), gl.clamp(min=0) * (p - l)
+    if op == "relu":
+        left, right = left * ((u - l) / (p - l)), right * ((u - l) / (u - p))
+    return left + right
+
+
 class _Engine:
     def __init__(self, graph, xl, xu, C, rhs, groups, anchor, vertex, alpha_steps, lr, refine, beta=True,
                  intermediate="full"):
@@ -384,7 +399,7 @@ class _Engine:
                 gu = g.get(leaves[i][1])
                 gl = torch.zeros_like(l) if gl is None else gl
                 gu = torch.zeros_like(u) if gu is None else gu
-                score = (-gu).clamp(min=0) * (u - p) + gl.clamp(min=0) * (p - l)
+                score = split_gain(op, l, u, p, gl, gu)
                 if i in by_input:
                     score = score + by_input[i]
                 # a tie-break that prefers wide intervals when no gradient reaches a neuron

@@ -492,3 +492,23 @@ def test_a_leaf_keeps_the_parameters_of_its_best_bound():
     with torch.no_grad():
         again = eng._backward(st, C.unsqueeze(1), alpha, {})
     torch.testing.assert_close(again, best, rtol=0, atol=1e-12)
+
+
+def test_relu_split_gain_is_the_intercept_it_removes():
+    """split_gain on a ReLU: with the gradients of a bound that pays lam times the upper
+    line's intercept c(l, u) = -ul/(u - l), the estimate equals the exact gain of the two
+    children, lam (c(l, u) - c(l, 0)) + lam (c(l, u) - c(0, u)) = 2 lam c(l, u). Any
+    other nonlinearity keeps the plain first-order estimate."""
+    gen = torch.Generator().manual_seed(0)
+    l = -0.1 - 3 * torch.rand(50, generator=gen, dtype=torch.float64)
+    u = 0.1 + 3 * torch.rand(50, generator=gen, dtype=torch.float64)
+    lam = torch.rand(50, generator=gen, dtype=torch.float64)
+    lt, ut = l.clone().requires_grad_(True), u.clone().requires_grad_(True)
+    c = -ut * lt / (ut - lt)
+    gl, gu = torch.autograd.grad((-lam * c).sum(), (lt, ut))
+    p = torch.zeros_like(l)
+    exact = 2 * lam * c.detach()  # each child ([l, 0] and [0, u]) has intercept 0
+    assert torch.allclose(bab.split_gain("relu", l, u, p, gl, gu), exact, rtol=1e-12, atol=0)
+    plain = (-gu).clamp(min=0) * (u - p) + gl.clamp(min=0) * (p - l)
+    assert torch.equal(bab.split_gain("sigmoid", l, u, p, gl, gu), plain)
+    assert (plain < exact).all()  # the first-order estimate alone ranks ReLU splits too low
