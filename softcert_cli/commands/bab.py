@@ -164,7 +164,8 @@ def _write(out, rows, commands, args):
              "exp y_j), or product, exp(y_k) · 1/Σ_j exp(y_j) (the default before session 7, 2026-12-03).",
              "bab root: the root's intermediate bounds (`--intermediate`, certify.bab.ROOT_INTERMEDIATE): full (CROWN), or",
              "auto (CROWN, then, where the root is left open and PGD fails, the most sensitive quarter of each split",
-             "node's elements re-bounded by alpha-CROWN; the default since session 8).", ""]
+             "node's elements re-bounded by alpha-CROWN within half the budget left (`certify.bab.ROOT_SHARE`, since",
+             "session 9; before, up to the deadline); the default since session 8).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model}", "", "### Verdicts (bab) and certified counts per ingredient", "",
