@@ -222,9 +222,16 @@ def _dask(workers, scheduler):
         return dd.Client(scheduler, timeout="30s"), None
     # no dashboard, and the scheduler's HTTP routes on a free loopback port (not 8787, which
     # another cluster on this machine may hold)
-    cluster = dd.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                              dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-                              silence_logs=logging.ERROR)
+    # dask's nanny gives its workers MALLOC_TRIM_THRESHOLD_=65536: glibc then hands freed memory
+    # back to the OS at once, and the many short-lived tensors of a bound pay for fresh pages
+    # every time (mnist-vit1, crown: 1.6 s per image in such a worker against 0.4 s without;
+    # docs/certify/scaling.md). None unsets it for the workers this run starts.
+    import dask
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        cluster = dd.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                                  silence_logs=logging.ERROR)
     try:
         return dd.Client(cluster), cluster
     except BaseException:

@@ -120,6 +120,17 @@ def test_local_cluster_of_two_loopback_workers_gives_the_in_process_table(refere
     assert 1 <= len(ran_on) <= 2 and not any(w.endswith(f":{os.getpid()}") for w in ran_on)
 
 
+def test_local_cluster_workers_keep_the_default_malloc_trim():
+    """The workers of a cluster the run starts do not inherit dask's MALLOC_TRIM_THRESHOLD_
+    (it made each bound about 4x slower there: docs/certify/scaling.md)."""
+    client, cluster = dataset._dask(1, None)
+    try:
+        assert client.submit(os.environ.get, "MALLOC_TRIM_THRESHOLD_", pure=False).result() is None
+    finally:
+        client.close()
+        cluster.close()
+
+
 def test_existing_cluster_by_address(reference, tmp_path):
     """--scheduler: a cluster the run did not start (threads in this process, on loopback TCP)."""
     from dask.distributed import LocalCluster
