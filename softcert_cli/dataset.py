@@ -225,7 +225,7 @@ def _dask(workers, scheduler):
     # dask's nanny gives its workers MALLOC_TRIM_THRESHOLD_=65536: glibc then hands freed memory
     # back to the OS at once, and the many short-lived tensors of a bound pay for fresh pages
     # every time (mnist-vit1, crown: 1.6 s per image in such a worker against 0.4 s without;
-    # docs/certify/scaling.md). None unsets it for the workers this run starts.
+    # docs/certify/findings.md). None unsets it for the workers this run starts.
     import dask
 
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):

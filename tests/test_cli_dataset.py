@@ -122,7 +122,7 @@ def test_local_cluster_of_two_loopback_workers_gives_the_in_process_table(refere
 
 def test_local_cluster_workers_keep_the_default_malloc_trim():
     """The workers of a cluster the run starts do not inherit dask's MALLOC_TRIM_THRESHOLD_
-    (it made each bound about 4x slower there: docs/certify/scaling.md)."""
+    (it made each bound about 4x slower there: docs/certify/findings.md)."""
     client, cluster = dataset._dask(1, None)
     try:
         assert client.submit(os.environ.get, "MALLOC_TRIM_THRESHOLD_", pure=False).result() is None
