@@ -54,6 +54,20 @@ class Graph:
     def output(self):
         return len(self.nodes) - 1
 
+    def values(self, x, consts=None):
+        """Every node's value, in node order, at inputs ``x`` (N, *input shape without the
+        traced batch axis); each value is (N, *node shape). ``consts``: node id -> softmax
+        shift index for one input box (a ``crown.BoundState``'s), used for all N inputs so
+        that shifted scores match the bounds; without it each row shifts by its own argmax
+        (the same softmax, other intermediate values)."""
+        vals = [x.to(torch.float64).unsqueeze(1)]
+        for i, node in enumerate(self.nodes[1:], 1):
+            c = None if consts is None else consts.get(i)
+            if c is not None:
+                c = c.expand(len(x), *c.shape[1:])
+            vals.append(ops.forward(node, [vals[j] for j in node.inputs], c))
+        return vals
+
 
 class GraphModule(torch.nn.Module):
     """A verifier graph as a torch module (e.g. a model read from ONNX): forward(x) runs the
@@ -70,7 +84,4 @@ class GraphModule(torch.nn.Module):
         self.register_buffer("anchor", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x):
-        vals = [x.to(torch.float64).unsqueeze(1)]
-        for node in self.graph.nodes[1:]:
-            vals.append(ops.forward(node, [vals[j] for j in node.inputs]))
-        return vals[-1].squeeze(1)
+        return self.graph.values(x)[-1].squeeze(1)

@@ -26,23 +26,12 @@ from certify.attack import pgd
 from certify.spec import input_box, margin_spec
 
 
-def _values(g, consts, x):
-    """Every node's value for inputs x (N, *input shape), with the root's softmax shifts."""
-    vals = [x.unsqueeze(1)]
-    for i, node in enumerate(g.nodes[1:], 1):
-        c = consts.get(i)
-        if c is not None:
-            c = c.expand(len(x), *c.shape[1:])
-        vals.append(node.operator.forward(node, [vals[j] for j in node.inputs], c))
-    return vals
-
-
 def _ranges(g, consts, x, lo, hi, eps, nodes, samples=4000, steps=30, seed=0):
     """node -> (min, max) (1, *shape) over random points of the box and per-element PGD."""
     gen = torch.Generator().manual_seed(seed)
     pts = lo + (hi - lo) * torch.rand(samples, *x.shape[1:], generator=gen, dtype=torch.float64)
     with torch.no_grad():
-        vals = _values(g, consts, pts)
+        vals = g.values(pts, consts)
     out = {i: [vals[i].amin(0, keepdim=True), vals[i].amax(0, keepdim=True)] for i in nodes}
     for i in nodes:
         shape = g.nodes[i].shape
@@ -51,7 +40,7 @@ def _ranges(g, consts, x, lo, hi, eps, nodes, samples=4000, steps=30, seed=0):
             xs = x.expand(n, *x.shape[1:]).clone()
             for _ in range(steps + 1):
                 xs = xs.detach().requires_grad_(True)
-                v = _values(g, consts, xs)[i].reshape(n, -1).diagonal()
+                v = g.values(xs, consts)[i].reshape(n, -1).diagonal()
                 (grad,) = torch.autograd.grad((sign * v).sum(), xs)
                 xs = torch.minimum(torch.maximum(xs + eps / 3 * grad.sign(), lo), hi)
             v = v.detach().reshape(1, *shape)
