@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from certify import crown, ops, zoo
+from certify import crown, zoo
 from certify.api import graph_of
 from certify.spec import DOMAIN, input_box
 
@@ -24,10 +24,10 @@ def looseness(model, x, eps, samples, seed=0):
     st = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), anchor=x.unsqueeze(1))
     gen = torch.Generator().manual_seed(seed)
     corner = torch.randint(0, 2, (samples, *lo.shape[1:]), generator=gen).to(torch.float64)
-    vals = [(lo + (hi - lo) * corner).unsqueeze(1)]
     with torch.no_grad():
-        for i, n in enumerate(g.nodes[1:], 1):
-            vals.append(ops.forward(n, [vals[j] for j in n.inputs], st.consts.get(i)))
+        # the root's softmax shifts for every sample (a batch-1 shift index alone made every
+        # sample subtract sample 0's key score: shifted scores, exp and exp-sums were off)
+        vals = g.values(lo + (hi - lo) * corner, st.consts)
     need = crown._needs_bounds(g)
     rows = []
     for i, n in enumerate(g.nodes):
