@@ -5,7 +5,7 @@ Submodules are the public API (``analysis.ghosts``, ``analysis.topk`` ...); the 
 names are re-exported here. ``SafeStepCallback`` and ``SafeStepLightningCallback`` resolve on
 first access (analysis.callbacks), so importing analysis imports neither transformers nor Lightning.
 """
-from analysis.ghosts import (
+from softcert.analysis.ghosts import (
     RadiusNotVerified,
     RadiusResult,
     batch_radius,
@@ -17,7 +17,7 @@ from analysis.ghosts import (
     radius_lower_bound_batch,
     top2_estimate,
 )
-from analysis.safestep import (
+from softcert.analysis.safestep import (
     SafeStep,
     SafeStepController,
     SafeStepGuard,
@@ -25,7 +25,7 @@ from analysis.safestep import (
     SafeStepWarning,
     logit_slopes,
 )
-from analysis.topk import (
+from softcert.analysis.topk import (
     OutputErrorBound,
     TopKCertificate,
     blockwise_bound,
@@ -53,7 +53,7 @@ __all__ = [
 
 def __getattr__(name):
     if name in ("SafeStepCallback", "SafeStepLightningCallback"):
-        import analysis.callbacks
+        from softcert.analysis import callbacks
 
-        return getattr(analysis.callbacks, name)
+        return getattr(callbacks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

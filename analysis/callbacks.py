@@ -3,7 +3,7 @@
 Both apply :class:`analysis.safestep.SafeStepGuard` to the framework's own optimizer: each
 update p is scaled by min(1, r rho_a / ||p||), rho_a = pi / max_x Delta(J_z p)(x) over the
 micro-batches of the step (DESIGN.md section 2). Neither framework is imported when this
-module is: the classes are built on first access (``from analysis.callbacks import
+module is: the classes are built on first access (``from softcert.analysis.callbacks import
 SafeStepCallback`` imports transformers then), so the library does not depend on them.
 
 - ``SafeStepCallback`` (transformers.TrainerCallback): measures between the Trainer's
@@ -26,7 +26,7 @@ __all__ = ["SafeStepCallback", "SafeStepLightningCallback"]  # noqa: F822 (modul
 def _options(target_ratio, method, logits_fn, accumulation, reuse_steps):
     from torch import nn
 
-    from analysis.safestep import SafeStepGuard
+    from softcert.analysis.safestep import SafeStepGuard
 
     options = {"target_ratio": target_ratio, "method": method, "logits_fn": logits_fn,
                "accumulation": accumulation, "reuse_steps": reuse_steps}
@@ -38,7 +38,7 @@ def _options(target_ratio, method, logits_fn, accumulation, reuse_steps):
 def _hf_callback():
     from transformers import TrainerCallback
 
-    from analysis.safestep import SafeStepGuard
+    from softcert.analysis.safestep import SafeStepGuard
 
     class SafeStepCallback(TrainerCallback):
         """Hugging Face Trainer callback: ``Trainer(..., callbacks=[SafeStepCallback()])``."""
@@ -86,7 +86,7 @@ def _lightning_callback():
     except ImportError:  # the standalone distribution (the `lightning` extra installs this one)
         from pytorch_lightning import Callback
 
-    from analysis.safestep import SafeStepGuard
+    from softcert.analysis.safestep import SafeStepGuard
 
     class SafeStepLightningCallback(Callback):
         """Lightning callback: ``Trainer(..., callbacks=[SafeStepLightningCallback()])``.

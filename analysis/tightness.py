@@ -6,7 +6,7 @@ arithmetic through random Q/K projections; every relaxation bounds the same obje
 c·softmax(s) with c = V w (values projected on a random direction). The gap of a baseline
 is how much its bound is looser than Vertex-Softmax, the exact optimum over the box:
 gap = ((upper_b - upper_v) + (lower_v - lower_b)) / 2 >= 0. The table and plot are
-``softcert tightness`` (softcert_cli/commands/tightness.py).
+``softcert tightness`` (softcert/cli/commands/tightness.py).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-import bounds
+from softcert import bounds
 
 NS = (4, 8, 16, 32, 64, 128)
 EPSILONS = (0.005, 0.01, 0.02, 0.05)

@@ -49,9 +49,9 @@ import numpy as np
 import torch
 from scipy.special import ndtr, ndtri
 
-from bounds.box import as_float64, validate_scores
-from kernels import topk as ktopk
-from kernels.floating import EXP_ABS, RHO_WEIGHT, SUBNORMAL_ULP, U64, gamma
+from softcert.bounds.box import as_float64, validate_scores
+from softcert.kernels import topk as ktopk
+from softcert.kernels.floating import EXP_ABS, RHO_WEIGHT, SUBNORMAL_ULP, U64, gamma
 
 BACKENDS = ("auto", "torch", "numba", "triton")
 METHOD = "sorted tail sums, outward rounded"
@@ -151,7 +151,7 @@ def _tail_sums(s: torch.Tensor, backend: str):
     """(T, n_valid) by the torch path or, for "triton", by ``kernels.triton_topk`` (any
     summation order of the non-negative weights: the same error model)."""
     if backend == "triton":
-        from kernels.triton_topk import tail_sums_triton
+        from softcert.kernels.triton_topk import tail_sums_triton
 
         batch, n = s.shape[:-1], s.shape[-1]
         T, n_valid = tail_sums_triton(s.reshape(-1, n))

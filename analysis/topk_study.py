@@ -4,14 +4,14 @@ For every query row: the certified minimal k at each ε (analysis.topk, outward 
 the reduction n/k, whether k is proved minimal, the Gaussian rule's prediction from the
 row's score spread σ, and at ε = ERR_EPS the single- and 4-level gap bounds at the certified
 k and the attention-output error of top-k truncation with its diameter and variance bounds.
-``softcert topk`` (softcert_cli/commands/topk.py) runs it on MiniLM and writes the tables.
+``softcert topk`` (softcert/cli/commands/topk.py) runs it on MiniLM and writes the tables.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from analysis import topk
+from softcert.analysis import topk
 
 __all__ = ["ERR_EPS", "row_stats", "study", "view_summary"]
 

@@ -8,10 +8,10 @@
   naming the argument).
 - baselines for comparison: ``naive_interval``, ``shi2020``, ``wei2023_lse``, ``wei2023_er``.
 """
-from bounds.baselines import BASELINES, BoxBounds, naive_interval, shi2020, wei2023_er, wei2023_lse
-from bounds.certificate import CertificateCheck, check_certificate, exact_rational
-from bounds.interval import SoftmaxInterval, softmax_interval
-from bounds.vertex import VertexBounds, vertex_softmax
+from softcert.bounds.baselines import BASELINES, BoxBounds, naive_interval, shi2020, wei2023_er, wei2023_lse
+from softcert.bounds.certificate import CertificateCheck, check_certificate, exact_rational
+from softcert.bounds.interval import SoftmaxInterval, softmax_interval
+from softcert.bounds.vertex import VertexBounds, vertex_softmax
 
 __all__ = [
     "BASELINES",

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bounds.box import coefficient_box
-from bounds.interval import softmax_interval
+from softcert.bounds.box import coefficient_box
+from softcert.bounds.interval import softmax_interval
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from fractions import Fraction
 import mpmath
 import torch
 
-from bounds.box import coefficient_box
+from softcert.bounds.box import coefficient_box
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bounds.box import score_box
-from kernels.floating import EXP_REL, U64, gamma
+from softcert.bounds.box import score_box
+from softcert.kernels.floating import EXP_REL, U64, gamma
 
 
 @dataclass(frozen=True)

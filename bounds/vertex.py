@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from bounds.box import coefficient_box
-from kernels.floating import EXP_REL, EXP_ZERO_ARG, TINY, U64, dot_error, first_step, term_rel
+from softcert.bounds.box import coefficient_box
+from softcert.kernels.floating import EXP_REL, EXP_ZERO_ARG, TINY, U64, dot_error, first_step, term_rel
 
 ASSUMPTIONS = (
     "real-arithmetic optimum over the box lower <= s <= upper; float64 with outward rounding; "
@@ -73,7 +73,7 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     n = c.shape[-1]
     c2, lo2, hi2 = (t.reshape(-1, n) for t in (c, lo, hi))
     if backend in ("numba", "auto"):  # the kernel scales each row itself (same _normalise)
-        from kernels.vertex import vertex_bounds
+        from softcert.kernels.vertex import vertex_bounds
 
         low, up, lo_mask, up_mask = (torch.from_numpy(x) for x in vertex_bounds(
             c2.numpy(), lo2.numpy(), hi2.numpy()))
@@ -81,7 +81,7 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     else:
         c2, k = _normalise(c2, hi2)
     if backend == "triton":
-        from kernels.triton_vertex import dinkelbach_triton
+        from softcert.kernels.triton_vertex import dinkelbach_triton
 
         lam, theta, _, robust = dinkelbach_triton(c2, lo2, hi2)
         up, up_mask = _prove_proposal(c2, lo2, hi2, lam[:, 0], theta[:, 0], robust)

@@ -3,7 +3,7 @@
 Any torch module built from supported operators (``supported_operators``) is traced by
 ``certify.trace`` and bounded on the verifier's own graph (``certify.graph``).
 """
-from certify.api import (
+from softcert.certify.api import (
     AttentionBox,
     AttentionScores,
     CertResult,
@@ -18,20 +18,27 @@ from certify.api import (
     verify_box,
     verify_text,
 )
-from certify.attack import AttackResult, attack
-from certify.bab import BabResult, BabVerdict
-from certify.evaluation import Evaluation, Record, SoundnessError, certified_accuracy, evaluate, robust_accuracy
-from certify.graph import Graph, GraphModule
-from certify.lowering import SOFTMAX_FORMS, softmax_form
-from certify.methods import METHODS, Method
-from certify.models import ViT
-from certify.ops import OPERATORS, Operator
-from certify.trace import logits_of, supported_operators, trace
-from certify.vnnlib import Property, Region, read_vnnlib
+from softcert.certify.attack import AttackResult, attack
+from softcert.certify.bab import BabResult, BabVerdict
+from softcert.certify.evaluation import (
+    Evaluation,
+    Record,
+    SoundnessError,
+    certified_accuracy,
+    evaluate,
+    robust_accuracy,
+)
+from softcert.certify.graph import Graph, GraphModule
+from softcert.certify.lowering import SOFTMAX_FORMS, softmax_form
+from softcert.certify.methods import METHODS, Method
+from softcert.certify.models import ViT
+from softcert.certify.ops import OPERATORS, Operator
+from softcert.certify.trace import logits_of, supported_operators, trace
+from softcert.certify.vnnlib import Property, Region, read_vnnlib
 
 # the ONNX front end and the VNN-COMP solver import onnx (the "data" extra): loaded on first use
-_LAZY = {"ONNX_OPERATORS": "certify.onnx_graph", "OnnxNetwork": "certify.onnx_graph",
-         "read_onnx": "certify.onnx_graph", "Verdict": "certify.vnncomp"}
+_LAZY = {"ONNX_OPERATORS": "softcert.certify.onnx_graph", "OnnxNetwork": "softcert.certify.onnx_graph",
+         "read_onnx": "softcert.certify.onnx_graph", "Verdict": "softcert.certify.vnncomp"}
 
 
 def __getattr__(name):
@@ -39,7 +46,7 @@ def __getattr__(name):
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'certify' has no attribute {name!r}")
+    raise AttributeError(f"module 'softcert.certify' has no attribute {name!r}")
 
 __all__ = ["METHODS", "OPERATORS", "SOFTMAX_FORMS", "AttackResult", "AttentionBox", "AttentionScores", "BabResult", "BabVerdict", "CertResult", "Evaluation", "Graph", "GraphModule",
            "Method", "Operator", "Record", "SoundnessError", "ViT", "attack", "attention_boxes", "attention_scores",

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from certify import ops
-from certify.graph import Graph, GraphModule
-from certify.lowering import current_softmax_form
-from certify.methods import get_method
-from certify.spec import (
+from softcert.certify import ops
+from softcert.certify.graph import Graph, GraphModule
+from softcert.certify.lowering import current_softmax_form
+from softcert.certify.methods import get_method
+from softcert.certify.spec import (
     DOMAIN,
     check_batch_size,
     check_box,
@@ -33,7 +33,7 @@ from certify.spec import (
     input_box,
     margin_spec,
 )
-from certify.trace import Logits, trace
+from softcert.certify.trace import Logits, trace
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def verify(model, x, label, eps, method="crown", batch_size=8, *, domain=DOMAIN,
     with falsification alongside, ``timeout`` seconds per sample, three-valued verdicts (a
     ``certify.bab.BabResult``; see ``certify.bab.verify``)."""
     if method == "bab":
-        from certify import bab
+        from softcert.certify import bab
 
         if timeout is None:
             raise ValueError("timeout: method 'bab' needs a per-sample time budget in seconds")
@@ -310,7 +310,7 @@ def attention_boxes(model, x, eps, *, domain=DOMAIN, method="vertex") -> tuple:
     """``AttentionBox`` of every attention layer of ``model`` over the L∞ ball of radius
     ``eps`` around ``x`` clipped to ``domain``; ``method``: "ibp", "crown" or "vertex" (the
     intermediate bounds that method computes)."""
-    from certify import crown
+    from softcert.certify import crown
 
     if method not in ("ibp", "crown", "vertex"):
         raise ValueError(f"method: expected 'ibp', 'crown' or 'vertex', got {method!r}")

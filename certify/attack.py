@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, input_box
-from certify.trace import Logits
+from softcert.certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, input_box
+from softcert.certify.trace import Logits
 
 
 def _dtype(model):

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from certify import crown
-from certify.attack import margins, pgd
-from certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, input_box, margin_spec
+from softcert.certify import crown
+from softcert.certify.attack import margins, pgd
+from softcert.certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, input_box, margin_spec
 
 #: the root's intermediate bounds: those of ``crown.propagate``, or "auto" ("full", then
 #: "alpha" once the root is left open and the first attacks fail)
@@ -599,7 +599,7 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack
     ``intermediate``: the root's intermediate bounds (``ROOT_INTERMEDIATE``; default "auto":
     "full", then, for samples whose root is left open and survives the first attacks, the
     ``ROOT_OPTIMISED`` most sensitive elements of each split node optimised by alpha-CROWN)."""
-    from certify.api import graph_of
+    from softcert.certify.api import graph_of
 
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) \
             or timeout <= 0:

@@ -23,10 +23,19 @@ import time
 
 import torch
 
-from bounds import vertex_softmax
-from certify import ops
-from certify.ops import add_down, charge, floor_charge, gamma_charge, magnitude, scale_charge, sub_down, weighted_sum
-from certify.ops import arithmetic as rounding
+from softcert.bounds import vertex_softmax
+from softcert.certify import ops
+from softcert.certify.ops import (
+    add_down,
+    charge,
+    floor_charge,
+    gamma_charge,
+    magnitude,
+    scale_charge,
+    sub_down,
+    weighted_sum,
+)
+from softcert.certify.ops import arithmetic as rounding
 
 ARITHMETIC = ("Sound float64: bounds enclose the real-arithmetic function of the float64 graph (float32 "
               "weights lift exactly). Standard model fl(x op y) = (x op y)(1 + d), |d| <= u = 2^-53, "

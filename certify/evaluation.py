@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from certify.api import verify
-from certify.attack import attack, logits
-from certify.methods import METHODS
-from certify.spec import (
+from softcert.certify.api import verify
+from softcert.certify.attack import attack, logits
+from softcert.certify.methods import METHODS
+from softcert.certify.spec import (
     DOMAIN,
     check_batch_size,
     check_domain,

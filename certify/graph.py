@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from certify import ops
+from softcert.certify import ops
 
 
 @dataclass

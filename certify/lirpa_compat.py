@@ -111,7 +111,7 @@ class PatchModel:
         import torch
 
         if not PatchModel.on_patches(model):
-            from certify.trace import Logits
+            from softcert.certify.trace import Logits
 
             return Logits(model)
 
@@ -200,7 +200,7 @@ def vertex_softmax_bound():
     load()
     from auto_LiRPA.operators.base import Bound
 
-    from bounds import vertex_softmax
+    from softcert.bounds import vertex_softmax
 
     class VertexSoftmaxBound(Bound):
         def __init__(self, attr, inputs, output_index, options):

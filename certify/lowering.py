@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import torch
 
-from certify.graph import Graph
-from certify.ops.core import context_setting
+from softcert.certify.graph import Graph
+from softcert.certify.ops.core import context_setting
 
 F64 = torch.float64
 # a finite stand-in for the -inf of an attention mask before exp; the masked probabilities

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 import torch
 
-from certify import crown
+from softcert.certify import crown
 
 LIRPA_ASSUMPTIONS = ("auto_LiRPA 0.3 on the float32 copy of the model (it mixes float32 buffers into "
                      "float64 runs), patched by certify.lirpa_compat; float32 without directed rounding, "
@@ -85,7 +85,7 @@ def _vertex(g, xl, xu, x0, C, model_input):
 
 def _lirpa(name):
     def lower(g, xl, xu, x0, C, model_input):
-        from certify.lirpa_compat import lirpa_lower
+        from softcert.certify.lirpa_compat import lirpa_lower
 
         model = model_input
         # the graph carries the model's batch axis (size 1); auto_LiRPA sees the model's own shapes

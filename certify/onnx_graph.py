@@ -25,9 +25,9 @@ import onnx
 import torch
 from onnx import helper, numpy_helper, reference, shape_inference
 
-from certify import ops
-from certify.graph import Graph
-from certify.lowering import F64, Builder, const
+from softcert.certify import ops
+from softcert.certify.graph import Graph
+from softcert.certify.lowering import F64, Builder, const
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import operator
 import torch
 from torch import nn
 
-from certify.graph import Graph
-from certify.lowering import F64, Builder, const
-from certify.ops import conv2d_params
+from softcert.certify.graph import Graph
+from softcert.certify.lowering import F64, Builder, const
+from softcert.certify.ops import conv2d_params
 
 aten = torch.ops.aten
 

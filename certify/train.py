@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from certify import data
-from certify.models import ViT
+from softcert.certify import data
+from softcert.certify.models import ViT
 
 ZOO_DIR = Path(__file__).with_name("zoo")
 

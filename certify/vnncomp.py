@@ -32,13 +32,13 @@ import numpy as np
 import torch
 from onnx import helper, reference
 
-from bounds import vertex_softmax
-from certify import bab, crown
-from certify.api import linear_bounds
-from certify.lowering import F64
-from certify.methods import METHODS
-from certify.onnx_graph import OnnxNetwork, forward
-from certify.vnnlib import Property, Region
+from softcert.bounds import vertex_softmax
+from softcert.certify import bab, crown
+from softcert.certify.api import linear_bounds
+from softcert.certify.lowering import F64
+from softcert.certify.methods import METHODS
+from softcert.certify.onnx_graph import OnnxNetwork, forward
+from softcert.certify.vnnlib import Property, Region
 
 RESULTS = ("sat", "unsat", "unknown", "timeout")
 #: the methods of certify.METHODS that run on a graph (not the auto_LiRPA baselines)

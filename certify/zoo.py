@@ -1,9 +1,9 @@
 """Small trained checkpoints committed under certify/zoo/ (regenerate: softcert train --all)."""
 from __future__ import annotations
 
-from certify import data
-from certify.models import ViT
-from certify.train import RECIPES, ZOO_DIR
+from softcert.certify import data
+from softcert.certify.models import ViT
+from softcert.certify.train import RECIPES, ZOO_DIR
 
 
 def names() -> list[str]:

@@ -2,11 +2,11 @@
 
     python examples/bench_vertex.py --out docs
 
-Same as `softcert bench`; see softcert_cli/commands/bench.py.
+Same as `softcert bench`; see softcert/cli/commands/bench.py.
 """
 import sys
 
-import softcert_cli
+import softcert.cli
 
 if __name__ == "__main__":
-    raise SystemExit(softcert_cli.main(["bench", *sys.argv[1:]]))
+    raise SystemExit(softcert.cli.main(["bench", *sys.argv[1:]]))

@@ -13,9 +13,9 @@ import json
 
 import torch
 
-from certify import crown, zoo
-from certify.api import graph_of
-from certify.spec import DOMAIN, input_box
+from softcert.certify import crown, zoo
+from softcert.certify.api import graph_of
+from softcert.certify.spec import DOMAIN, input_box
 
 
 def looseness(model, x, eps, samples, seed=0):

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-import certify
-from certify import crown, zoo
+from softcert import certify
+from softcert.certify import crown, zoo
 
 
 def main():

@@ -8,11 +8,11 @@ results.json and manifest.json, then re-checks every certificate record independ
 """
 import sys
 
-import softcert_cli
+import softcert.cli
 
 model = sys.argv[1] if len(sys.argv) > 1 else "digits-vit1"
 out = sys.argv[2] if len(sys.argv) > 2 else "report"
-rc = softcert_cli.main(["report", "--quick", "--model", model, "--out", out])
+rc = softcert.cli.main(["report", "--quick", "--model", model, "--out", out])
 if rc == 0:
-    rc = softcert_cli.main(["check", f"{out}/results.json"])
+    rc = softcert.cli.main(["check", f"{out}/results.json"])
 sys.exit(rc)

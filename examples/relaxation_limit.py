@@ -20,10 +20,10 @@ import argparse
 
 import torch
 
-import certify
-from certify import crown, zoo
-from certify.attack import pgd
-from certify.spec import input_box, margin_spec
+from softcert import certify
+from softcert.certify import crown, zoo
+from softcert.certify.attack import pgd
+from softcert.certify.spec import input_box, margin_spec
 
 
 def _ranges(g, consts, x, lo, hi, eps, nodes, samples=4000, steps=30, seed=0):

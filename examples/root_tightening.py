@@ -20,9 +20,9 @@ import time
 
 import torch
 
-import certify
-from certify import crown, zoo
-from certify.spec import input_box, margin_spec
+from softcert import certify
+from softcert.certify import crown, zoo
+from softcert.certify.spec import input_box, margin_spec
 
 
 def _case(model, x, label, eps, fractions):

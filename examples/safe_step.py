@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a sourc
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from analysis.ghosts_models import make_model  # noqa: E402
-from analysis.safestep import SafeStep  # noqa: E402  (change 1 of 2)
-from certify.data import digits  # noqa: E402
+from softcert.analysis.ghosts_models import make_model  # noqa: E402
+from softcert.analysis.safestep import SafeStep  # noqa: E402  (change 1 of 2)
+from softcert.certify.data import digits  # noqa: E402
 
 
 def train(safe: bool, spike: float, steps: int = 200, seed: int = 0) -> float:

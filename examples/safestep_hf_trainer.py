@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a sourc
 import torch  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments  # noqa: E402
 
-from analysis.callbacks import SafeStepCallback  # noqa: E402
+from softcert.analysis.callbacks import SafeStepCallback  # noqa: E402
 
 VOCAB, SEQ = 40, 8
 

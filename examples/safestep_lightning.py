@@ -20,9 +20,9 @@ import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from analysis.callbacks import SafeStepLightningCallback  # noqa: E402
-from analysis.ghosts_models import make_model  # noqa: E402
-from certify.data import digits  # noqa: E402
+from softcert.analysis.callbacks import SafeStepLightningCallback  # noqa: E402
+from softcert.analysis.ghosts_models import make_model  # noqa: E402
+from softcert.certify.data import digits  # noqa: E402
 
 
 class Digits(pl.LightningModule):

@@ -14,8 +14,8 @@ import time
 
 import torch
 
-import certify
-from certify import zoo
+from softcert import certify
+from softcert.certify import zoo
 
 FORMS = ("product", "sigmoid")
 METHODS = ("crown", "alpha-crown")

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-import certify
-from certify import ops, zoo
+from softcert import certify
+from softcert.certify import ops, zoo
 
 
 def run(models, methods, images, repeats, eps):

@@ -7,7 +7,7 @@ Same as `softcert tightness`; see analysis/tightness.py for the setup.
 """
 import sys
 
-import softcert_cli
+import softcert.cli
 
 if __name__ == "__main__":
-    raise SystemExit(softcert_cli.main(["tightness", *sys.argv[1:]]))
+    raise SystemExit(softcert.cli.main(["tightness", *sys.argv[1:]]))

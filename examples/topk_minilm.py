@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from analysis import attention, topk  # noqa: E402
+from softcert.analysis import attention, topk  # noqa: E402
 
 torch.set_num_threads(1)
 sentences = [

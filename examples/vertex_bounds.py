@@ -4,7 +4,7 @@
 """
 import torch
 
-import bounds
+from softcert import bounds
 
 torch.manual_seed(0)
 n = 16

@@ -5,8 +5,8 @@ rounding constants and error formulas. Kernels compile on first call (and are ca
 disk), not at import. The Triton modules (``kernels.triton_*``) are not imported here: they
 load triton, which only backend="triton" may do.
 """
-from kernels.attention import attention_bound, flash_attention
-from kernels.topk import (
+from softcert.kernels.attention import attention_bound, flash_attention
+from softcert.kernels.topk import (
     block_abs,
     block_constants,
     blockwise_bound_numba,
@@ -17,7 +17,7 @@ from kernels.topk import (
     tail_constants,
     tail_mass_numba,
 )
-from kernels.vertex import vertex_bounds
+from softcert.kernels.vertex import vertex_bounds
 
 __all__ = [
     "attention_bound",

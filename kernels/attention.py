@@ -29,7 +29,7 @@ import math
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from kernels.threads import caller_threads
+from softcert.kernels.threads import caller_threads
 
 #: float64 sums of the bound are inflated by this relative margin (see the module docstring)
 SUM_MARGIN = 2.0 ** -30

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from kernels.floating import (
+from softcert.kernels.floating import (
     EXP_ABS,
     EXP_ULPS,
     Q32,
@@ -38,7 +38,7 @@ from kernels.floating import (
     U32,
     U64,
 )
-from kernels.threads import caller_threads
+from softcert.kernels.threads import caller_threads
 
 ALGO_CODES = {"three_pass": 0, "online": 1, "tree": 2}
 
@@ -195,7 +195,7 @@ def rows_report(scores, algorithm: str = "three_pass", exp_ulps: float = 1.0,
     if not np.all(np.isfinite(x).any(axis=1)):
         raise ValueError("scores: every row needs at least one finite (unmasked) entry")
     if backend == "triton":
-        from kernels.triton_fp_rows import row_stats_triton
+        from softcert.kernels.triton_fp_rows import row_stats_triton
 
         exp_ulps = max(exp_ulps, TRITON_CPU_EXP32_ULPS)
         nn, mm, rr, z, zd, meas = row_stats_triton(x, measure)

@@ -29,8 +29,8 @@ import numba
 import numpy as np
 import torch
 
-from kernels.floating import EXP_ABS, RHO_WEIGHT, SUBNORMAL_ULP, U64, gamma
-from kernels.threads import caller_threads
+from softcert.kernels.floating import EXP_ABS, RHO_WEIGHT, SUBNORMAL_ULP, U64, gamma
+from softcert.kernels.threads import caller_threads
 
 ROUNDING_MODES = {"nearest": 0, "up": 1, "down": 2}
 

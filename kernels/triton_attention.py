@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.attention import attention_bound  # noqa: E402
+from softcert.kernels.attention import attention_bound  # noqa: E402
 
 
 def interpreted() -> bool:

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.vertex import FAST_PATH_MIN_WEIGHT, MAX_PASSES  # noqa: E402
+from softcert.kernels.vertex import FAST_PATH_MIN_WEIGHT, MAX_PASSES  # noqa: E402
 
 
 @triton.jit

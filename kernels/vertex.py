@@ -31,9 +31,9 @@ import math
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from kernels import floating
-from kernels.floating import EXP_ZERO_ARG, TINY, U64
-from kernels.threads import caller_threads
+from softcert.kernels import floating
+from softcert.kernels.floating import EXP_ZERO_ARG, TINY, U64
+from softcert.kernels.threads import caller_threads
 
 #: weights below this take the robust path (a design threshold, not a rounding constant)
 FAST_PATH_MIN_WEIGHT = 2.0 ** -1000

@@ -8,6 +8,17 @@ import os
 # triton is first imported, and a test module collected earlier may import it (through torch)
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The repository root holds kernels/, bounds/, ... which install as softcert.*; on sys.path
+# (``python -m pytest`` or ``python -c`` from the root put it there) its kernels/ would shadow
+# Hugging Face's `kernels`, which transformers >= 5.25 imports. Tests import the installed
+# layout only, here and in every subprocess they start (PYTHONSAFEPATH, Python 3.11+).
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+os.environ["PYTHONSAFEPATH"] = "1"
+
 import mpmath  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

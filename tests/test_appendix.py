@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from analysis import ghosts
-from softcert_cli import appendix
+from softcert.analysis import ghosts
+from softcert.cli import appendix
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_binary_radius_object_matches_numeric(ders):
 def test_tv_kl_numeric(ders, rng):
     import torch
 
-    from analysis import topk
+    from softcert.analysis import topk
 
     s = torch.as_tensor(rng.standard_normal(20))
     for k in (1, 5, 19):
@@ -46,7 +46,7 @@ def test_tv_kl_numeric(ders, rng):
 
 
 def test_jacobian_norm_numeric(rng):
-    from analysis import feedback
+    from softcert.analysis import feedback
 
     for n in (2, 3, 7):
         for _ in range(20):

@@ -9,7 +9,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")  # part of the `data` extra
 
-from analysis import attention  # noqa: E402
+from softcert.analysis import attention  # noqa: E402
 
 SENTENCES = ["The cat sat.", "A much longer sentence about attention heads and keys.", "Hi"]
 

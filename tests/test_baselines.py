@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-import bounds
-from bounds.baselines import BASELINES
+from softcert import bounds
+from softcert.bounds.baselines import BASELINES
 
 
 @pytest.mark.parametrize("name", sorted(BASELINES))

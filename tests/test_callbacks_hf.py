@@ -43,7 +43,7 @@ def test_callback_binds_on_lr_spike_in_trainer_event_loop():
     gradient accumulation 2 and the model returning a ModelOutput."""
     from transformers.trainer_callback import CallbackHandler, TrainerControl, TrainerState
 
-    from analysis.callbacks import SafeStepCallback
+    from softcert.analysis.callbacks import SafeStepCallback
 
     model = _tiny_bert()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -77,7 +77,7 @@ def test_trainer_callback_binds_on_lr_spike(tmp_path):
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (not in the test extra)")
     from transformers import Trainer, TrainingArguments
 
-    from analysis.callbacks import SafeStepCallback
+    from softcert.analysis.callbacks import SafeStepCallback
 
     model = _tiny_bert()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -92,20 +92,20 @@ def test_trainer_callback_binds_on_lr_spike(tmp_path):
 
 
 def test_callbacks_module_imports_no_framework():
-    code = ("import sys, analysis, analysis.callbacks, analysis.safestep; "
+    code = ("import sys, softcert.analysis, softcert.analysis.callbacks, softcert.analysis.safestep; "
             "bad = [m for m in ('transformers', 'pytorch_lightning', 'lightning') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_callback_options_validated():
-    from analysis.callbacks import SafeStepCallback
+    from softcert.analysis.callbacks import SafeStepCallback
 
     with pytest.raises(ValueError, match="target_ratio"):
         SafeStepCallback(target_ratio=-1.0)
     with pytest.raises(ValueError, match="reuse_steps"):
         SafeStepCallback(reuse_steps=-2)
     with pytest.raises(AttributeError):
-        import analysis.callbacks as cbm
+        import softcert.analysis.callbacks as cbm
 
         cbm.NoSuchCallback  # noqa: B018

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis.ghosts_models import make_model
+from softcert.analysis.ghosts_models import make_model
 
 
 def _module(direct: bool):
@@ -52,7 +52,7 @@ def _trainer(cb):
 @pytest.mark.parametrize("direct", [False, True])
 def test_lightning_callback_binds_on_lr_spike(direct):
     """``direct``: training_step calls self.net(x), so the callback is pointed at "net"."""
-    from analysis.callbacks import SafeStepLightningCallback
+    from softcert.analysis.callbacks import SafeStepLightningCallback
 
     cb = SafeStepLightningCallback(module="net" if direct else None)
     model = _module(direct)
@@ -69,8 +69,8 @@ def test_lightning_callback_binds_on_lr_spike(direct):
 def test_lightning_callback_warns_when_forward_bypasses_module():
     """training_step calls self.net directly but the callback watches the LightningModule:
     nothing is recorded, and every step says so instead of passing silently."""
-    from analysis.callbacks import SafeStepLightningCallback
-    from analysis.safestep import SafeStepWarning
+    from softcert.analysis.callbacks import SafeStepLightningCallback
+    from softcert.analysis.safestep import SafeStepWarning
 
     cb = SafeStepLightningCallback()
     with pytest.warns(SafeStepWarning, match="no training batch"):

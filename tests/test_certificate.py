@@ -13,7 +13,7 @@ from conftest import brute_force_extrema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import bounds
+from softcert import bounds
 
 
 @pytest.mark.parametrize("n", [1, 2, 8, 32, 64])

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from certify import ops
-from certify.ops import activations as act
+from softcert.certify import ops
+from softcert.certify.ops import activations as act
 
 NAMES = ("gelu", "gelu_tanh", "tanh", "sigmoid", "sqrt")
 KAPPA = mpmath.mpf("0.044715")

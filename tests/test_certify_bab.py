@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import certify
-from certify import bab
-from certify.api import graph_of
-from certify.spec import input_box, margin_spec
+from softcert import certify
+from softcert.certify import bab
+from softcert.certify.api import graph_of
+from softcert.certify.spec import input_box, margin_spec
 
 
 class Tiny(torch.nn.Module):
@@ -243,7 +243,7 @@ def test_bad_timeout_named(timeout):
 def test_auto_root_optimises_only_open_roots(monkeypatch):
     """intermediate="auto": samples proved at the root never pay for optimised intermediate
     bounds; an open root is re-bounded on them (and the verdict stays sound: the grid)."""
-    from certify import crown
+    from softcert.certify import crown
 
     calls = []
     propagate = crown.propagate
@@ -265,7 +265,7 @@ def test_auto_root_leaves_branching_its_share_of_the_budget(monkeypatch):
     to the sample's deadline (on two blocks it used to take all of it: no leaf was split)."""
     import time
 
-    from certify import crown
+    from softcert.certify import crown
 
     seen = []
     propagate = crown.propagate
@@ -306,9 +306,9 @@ def test_vnncomp_solve_with_bab(tmp_path):
     import numpy as np
     from test_vnncomp import check_counterexample, export, ort_out, robustness
 
-    from certify.onnx_graph import read_onnx
-    from certify.vnncomp import SOLVE_METHODS, solve
-    from certify.vnnlib import parse_vnnlib
+    from softcert.certify.onnx_graph import read_onnx
+    from softcert.certify.vnncomp import SOLVE_METHODS, solve
+    from softcert.certify.vnnlib import parse_vnnlib
 
     assert "bab" in SOLVE_METHODS
     torch.manual_seed(0)
@@ -334,7 +334,7 @@ def test_vnncomp_solve_with_bab(tmp_path):
 def test_cli_bab_writes_table_json_and_cactus(tmp_path, capsys):
     import json
 
-    from softcert_cli import main
+    from softcert.cli import main
 
     argv = ["bab", "--n", "1", "--eps", "0.001", "--timeout", "30", "--methods", "crown", "bab",
             "--out", str(tmp_path)]
@@ -354,7 +354,7 @@ def test_cli_bab_writes_table_json_and_cactus(tmp_path, capsys):
 # ---------------------------------------------------------------- split constraints (beta)
 def _node_values(graph, pts, state):
     """Every node's value at the points (P, *input shape), float64."""
-    from certify import ops
+    from softcert.certify import ops
 
     vals = [pts]
     with torch.no_grad():
@@ -366,7 +366,7 @@ def _node_values(graph, pts, state):
 def test_multiplier_carries_the_split_into_the_bound():
     """out = z = x on [-1, 1] with the leaf constraint z >= 0.5: without a multiplier the
     constraint is lost (bound -1); beta_lo = 1 gives the exact leaf minimum 0.5, never more."""
-    from certify import crown
+    from softcert.certify import crown
 
     model = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)).double()
     with torch.no_grad():
@@ -393,7 +393,7 @@ def test_split_constraint_bounds_hold_on_the_leaf(seed, scale):
     """For random split constraints on the ReLU and exp inputs of the tiny model and random
     multipliers beta >= 0, the bound never exceeds the grid minimum of C·out over the grid
     points of the box that satisfy the constraints (the leaf)."""
-    from certify import crown
+    from softcert.certify import crown
 
     gen = torch.Generator().manual_seed(seed)
     b = seed % 6
@@ -439,7 +439,7 @@ def test_optimised_multipliers_reach_the_leaf_minimum_of_a_linear_model(seed):
     """On a linear model CROWN is exact, so with the constraint a·x >= p (a hidden neuron
     split) the best multiplier gives the LP minimum over the leaf (strong duality): Adam on
     beta must come within 5e-3 of the grid minimum of the leaf, and never exceed it."""
-    from certify import crown
+    from softcert.certify import crown
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Linear(4, 3)).double()

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from certify import ops
+from softcert.certify import ops
 
 # (in_shape, out channels, kernel, stride, padding, dilation, groups)
 SETTINGS = [
@@ -162,8 +162,8 @@ def test_crown_through_conv_and_activations(act):
     """input -> conv2d -> act -> conv2d (stride 2) -> sigmoid/tanh with the graph convention
     (node shapes carry the model's batch axis): CROWN bounds enclose sampled outputs and are
     tighter than IBP; alpha-CROWN over the activations' slopes is at least CROWN and sound."""
-    from certify import crown
-    from certify.graph import Graph
+    from softcert.certify import crown
+    from softcert.certify.graph import Graph
 
     torch.manual_seed(0)
     g = Graph()

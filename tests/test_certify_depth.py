@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import certify
-from certify import crown, ops, zoo
-from certify.evaluation import PeakMemory
-from certify.models import ViT
-from certify.spec import input_box, margin_spec
-from softcert_cli.commands import depth as depth_cmd
+from softcert import certify
+from softcert.certify import crown, ops, zoo
+from softcert.certify.evaluation import PeakMemory
+from softcert.certify.models import ViT
+from softcert.certify.spec import input_box, margin_spec
+from softcert.cli.commands import depth as depth_cmd
 
 EPS = 0.005
 REL = 1e-9
@@ -272,7 +272,7 @@ def test_peak_memory_without_psutil_is_none(monkeypatch):
 
 
 def test_records_and_certify_rows_carry_peak_memory():
-    from softcert_cli.commands import certify as certify_cmd
+    from softcert.cli.commands import certify as certify_cmd
 
     model, X, Y = zoo.load("digits-vit1")
     ev = certify.evaluate(model, X[:2], Y[:2], [0.01], ["ibp"], attack_steps=1, restarts=1)

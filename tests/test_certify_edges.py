@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-import certify
-from certify.models import ViT
-from certify.spec import input_box
+from softcert import certify
+from softcert.certify.models import ViT
+from softcert.certify.spec import input_box
 
 
 def _model():

@@ -2,9 +2,9 @@
 import torch
 from test_certify_bab import EPS, MODEL, X
 
-from certify import crown
-from certify.api import graph_of
-from certify.spec import input_box
+from softcert.certify import crown
+from softcert.certify.api import graph_of
+from softcert.certify.spec import input_box
 
 
 def test_values_with_a_box_shift_match_each_sample_alone():

@@ -5,10 +5,10 @@ import sys
 import pytest
 import torch
 
-import certify
-from certify import lirpa_compat
-from certify.models import ViT
-from certify.spec import input_box, margin_spec
+from softcert import certify
+from softcert.certify import lirpa_compat
+from softcert.certify.models import ViT
+from softcert.certify.spec import input_box, margin_spec
 
 EPS = 0.02
 

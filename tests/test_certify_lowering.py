@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import certify
-from certify import crown, ops
-from certify.lowering import Builder
+from softcert import certify
+from softcert.certify import crown, ops
+from softcert.certify.lowering import Builder
 
 F64 = torch.float64
 

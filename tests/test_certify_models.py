@@ -3,9 +3,9 @@ import pytest
 import torch
 from torch import nn
 
-from certify import check_supported, ops, trace, zoo
-from certify.data import digits, mnist_local
-from certify.models import ViT
+from softcert.certify import check_supported, ops, trace, zoo
+from softcert.certify.data import digits, mnist_local
+from softcert.certify.models import ViT
 
 
 def _graph_forward(g, z):

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from certify import ops, trace
-from certify.models import ViT
+from softcert.certify import ops, trace
+from softcert.certify.models import ViT
 
 
 def test_adjoints_are_transposes():

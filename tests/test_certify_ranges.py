@@ -8,11 +8,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import certify
-from certify import ops
-from certify.graph import Graph
-from certify.models import ViT
-from certify.spec import input_box
+from softcert import certify
+from softcert.certify import ops
+from softcert.certify.graph import Graph
+from softcert.certify.models import ViT
+from softcert.certify.spec import input_box
 
 SAMPLE = {"relu": (-3, 3), "exp": (-6, 2), "reciprocal": (0.05, 5), "square": (-3, 3), "rsqrt": (0.01, 4),
           "gelu": (-4, 4), "gelu_tanh": (-4, 4), "tanh": (-3, 3), "sigmoid": (-6, 6), "sqrt": (0.01, 4),
@@ -103,7 +103,7 @@ def test_large_scores_and_radii_never_raise_and_stay_sound(seed, scale, eps, lay
 
 
 def _enclosure_violations(m, x, eps, crown_on, n=200):
-    from certify import crown
+    from softcert.certify import crown
 
     m64 = copy.deepcopy(m).double()
     g = certify.trace(m64, x.double())

@@ -19,11 +19,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from certify import crown, ops, zoo
-from certify.api import graph_of
-from certify.attack import pgd
-from certify.ops.bilinear import mul_planes
-from certify.spec import input_box, margin_spec
+from softcert.certify import crown, ops, zoo
+from softcert.certify.api import graph_of
+from softcert.certify.attack import pgd
+from softcert.certify.ops.bilinear import mul_planes
+from softcert.certify.spec import input_box, margin_spec
 
 mpmath.mp.dps = 50
 F64 = torch.float64

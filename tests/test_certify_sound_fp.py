@@ -20,10 +20,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import certify
-from certify import ops, zoo
-from certify.graph import Graph, Node
-from certify.models import ViT
+from softcert import certify
+from softcert.certify import ops, zoo
+from softcert.certify.graph import Graph, Node
+from softcert.certify.models import ViT
 
 mpmath.mp.dps = 60
 MPF = mpmath.mpf

@@ -1,4 +1,4 @@
-"""Models written the way users write them (softcert_cli.user_models), certified end to end.
+"""Models written the way users write them (softcert.cli.user_models), certified end to end.
 
 Oracles: for every model and method, each certified lower margin z_y - z_j must lie below the
 margin at 200 points sampled in the ball and at PGD's worst point, and no certified sample may
@@ -17,11 +17,11 @@ import pytest
 import torch
 from torch import nn
 
-import certify
-import softcert_cli
-from certify.data import digits
-from certify.trace import logits_of, trace
-from softcert_cli import user_models
+import softcert.cli
+from softcert import certify
+from softcert.certify.data import digits
+from softcert.certify.trace import logits_of, trace
+from softcert.cli import user_models
 
 METHODS = ("crown", "alpha-crown", "vertex", "ibp")
 N_IMAGES, EPS, SAMPLES = 3, 0.004, 200
@@ -188,7 +188,7 @@ def test_readme_lists_the_supported_operators():
 
 
 def test_usermodels_command_writes_table(tmp_path):
-    rc = softcert_cli.main(["usermodels", "--model", "qkv", "--eps", "0.002", "--methods", "crown", "ibp",
+    rc = softcert.cli.main(["usermodels", "--model", "qkv", "--eps", "0.002", "--methods", "crown", "ibp",
                             "--n", "3", "--epochs", "2", "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "user-models.json").read_text())

@@ -5,10 +5,10 @@ import copy
 import pytest
 import torch
 
-import certify
-from certify import crown, ops
-from certify.models import ViT
-from certify.spec import input_box
+from softcert import certify
+from softcert.certify import crown, ops
+from softcert.certify.models import ViT
+from softcert.certify.spec import input_box
 
 EPS = 0.03
 N_SAMPLES = 10_000

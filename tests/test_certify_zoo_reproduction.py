@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import certify
-from certify import ops, zoo
+from softcert import certify
+from softcert.certify import ops, zoo
 
 RESULTS = Path(__file__).resolve().parent / "data" / "retired_vit_path.json"
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import fp, ghosts, topk
-from bounds import vertex_softmax
-from softcert_cli import checker as check
+from softcert.analysis import fp, ghosts, topk
+from softcert.bounds import vertex_softmax
+from softcert.cli import checker as check
 
 
 def test_zero_count_matches_known_zeros():
@@ -79,7 +79,7 @@ def test_vertex_check_exact_against_vertex_softmax(rng):
 
 def test_feedback_check_exact():
     W = 5 * np.ones((4, 4)) + 0.3 * np.eye(4)
-    from analysis import feedback
+    from softcert.analysis import feedback
 
     cert = feedback.stability_threshold(W, beta=1.0)
     rec = dict(W=W.tolist(), proj_norm_upper=cert.proj_norm.value, norm_upper=cert.full_norm.value,
@@ -192,7 +192,7 @@ def _mp_brackets(k, n, ci, tol=1e-10, conf=0.95, dps=50):
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 64).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
 def test_clopper_pearson_matches_mpmath_and_the_exact_checker(kn):
-    from softcert_cli.records import clopper_pearson
+    from softcert.cli.records import clopper_pearson
 
     k, n = kn
     ci = clopper_pearson(k, n)
@@ -210,7 +210,7 @@ def test_clopper_pearson_matches_mpmath_and_the_exact_checker(kn):
 def test_clopper_pearson_known_values_and_bad_input():
     from scipy.stats import binomtest
 
-    from softcert_cli.records import clopper_pearson
+    from softcert.cli.records import clopper_pearson
 
     # 5/6 (Table 1 of issue 17 printed it as 0.83): scipy's exact interval
     r = binomtest(5, 6).proportion_ci(confidence_level=0.95, method="exact")

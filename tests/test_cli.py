@@ -5,26 +5,26 @@ import json
 
 import pytest
 
-import softcert_cli
+import softcert.cli
 
 
 def test_help_lists_subcommands(capsys):
-    assert softcert_cli.main([]) == 0
+    assert softcert.cli.main([]) == 0
     out = capsys.readouterr().out
-    for name in softcert_cli.SUBCOMMANDS:
+    for name in softcert.cli.SUBCOMMANDS:
         assert name in out
 
 
-@pytest.mark.parametrize("name", sorted(softcert_cli.SUBCOMMANDS))
+@pytest.mark.parametrize("name", sorted(softcert.cli.SUBCOMMANDS))
 def test_every_subcommand_has_help(name, capsys):
     with pytest.raises(SystemExit) as exc:
-        softcert_cli.main([name, "--help"])
+        softcert.cli.main([name, "--help"])
     assert exc.value.code == 0
     assert "usage: softcert " + name in capsys.readouterr().out
 
 
 def test_vertex_json_and_exact_check(capsys):
-    rc = softcert_cli.main(["vertex", "--c", "1", "-2", "0.5", "--lower", "0", "-1", "0.3",
+    rc = softcert.cli.main(["vertex", "--c", "1", "-2", "0.5", "--lower", "0", "-1", "0.3",
                             "--upper", "0.5", "0.2", "0.9", "--check"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["check"] == {"lower": True, "upper": True}
@@ -32,13 +32,13 @@ def test_vertex_json_and_exact_check(capsys):
 
 
 def test_bad_input_is_a_clear_error(capsys):
-    rc = softcert_cli.main(["vertex", "--c", "1", "--lower", "1", "--upper", "0"])
+    rc = softcert.cli.main(["vertex", "--c", "1", "--lower", "1", "--upper", "0"])
     assert rc == 2
     assert "lower > upper" in capsys.readouterr().err
 
 
 def test_tightness_small_run_writes_outputs(tmp_path, capsys):
-    rc = softcert_cli.main(["tightness", "--trials", "3", "--n", "4", "8", "--eps", "0.01",
+    rc = softcert.cli.main(["tightness", "--trials", "3", "--n", "4", "8", "--eps", "0.01",
                             "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "tightness.json").read_text())
@@ -51,7 +51,7 @@ def test_tightness_small_run_writes_outputs(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------- layers
 LIBRARY = ("bounds", "kernels", "analysis", "certify")
-COMMAND_ONLY = {"argparse", "matplotlib", "softcert_cli"}
+COMMAND_ONLY = {"argparse", "matplotlib", "softcert.cli"}
 
 
 def _imports(path):
@@ -77,8 +77,7 @@ def test_library_imports_no_command_line_or_plotting():
         assert files, package
         for path in files:
             for name in _imports(path):
-                top = name.split(".")[0]
-                if top in COMMAND_ONLY:
+                if any(name == m or name.startswith(m + ".") for m in COMMAND_ONLY):
                     bad.append(f"{path.relative_to(root)} imports {name}")
     assert not bad, "\n".join(bad)
 
@@ -87,12 +86,14 @@ def test_layer_scan_catches_a_forbidden_import(tmp_path):
     bad = tmp_path / "m.py"
     bad.write_text("def f():\n    import matplotlib.pyplot as plt\n    from argparse import ArgumentParser\n")
     assert set(_imports(bad)) == {"matplotlib.pyplot", "argparse"}
+    bad.write_text("from softcert.cli.common import write_json\n")
+    assert list(_imports(bad)) == ["softcert.cli.common"]
 
 
 def test_every_subcommand_module_has_configure_and_run():
     import importlib
 
-    for name, (module, _) in softcert_cli.SUBCOMMANDS.items():
+    for name, (module, _) in softcert.cli.SUBCOMMANDS.items():
         mod = importlib.import_module(module)
         assert callable(mod.configure) and callable(mod.run), name
 
@@ -101,7 +102,7 @@ def test_every_subcommand_module_has_configure_and_run():
 def test_spelled_out_and_command_line():
     import argparse
 
-    from softcert_cli import common
+    from softcert.cli import common
 
     line = common.spelled_out("ghosts sweep", [("--out", "a b"), ("--n", [4, 8]),
                                                ("--flag", True), ("--off", False), ("--x", None)])
@@ -114,7 +115,7 @@ def test_spelled_out_and_command_line():
 def test_writers_and_figure(tmp_path):
     import numpy as np
 
-    from softcert_cli import common
+    from softcert.cli import common
 
     md = common.write_markdown(tmp_path / "a.md", ["# t", "", "x", ""])
     assert md.read_text() == "# t\n\nx\n"
@@ -132,7 +133,7 @@ def test_writers_and_figure(tmp_path):
 
 
 def test_timing_helpers_reject_bad_repeat():
-    from softcert_cli import common
+    from softcert.cli import common
 
     calls = []
     common.best_seconds(lambda: calls.append(1), 2)
@@ -144,7 +145,7 @@ def test_timing_helpers_reject_bad_repeat():
 # ---------------------------------------------------------------------------- commands
 def test_stability_records_the_typed_command(tmp_path, capsys):
     argv = ["stability", "--scan", "3", "--out", str(tmp_path)]
-    assert softcert_cli.main(argv) == 0
+    assert softcert.cli.main(argv) == 0
     res = json.loads((tmp_path / "stability" / "stability.json").read_text())
     assert res["command"] == "softcert stability --scan 3 --out " + str(tmp_path)
     assert all(r["beta_star"] >= r["beta_classical"] for r in res["cases"])
@@ -152,6 +153,6 @@ def test_stability_records_the_typed_command(tmp_path, capsys):
 
 
 def test_train_rejects_unknown_names(capsys):
-    assert softcert_cli.main(["train", "no-such-model"]) == 2
+    assert softcert.cli.main(["train", "no-such-model"]) == 2
     assert "no-such-model" in capsys.readouterr().err
-    assert softcert_cli.main(["train"]) == 2
+    assert softcert.cli.main(["train"]) == 2

@@ -1,4 +1,4 @@
-"""Dataset runs (softcert_cli.dataset): a LocalCluster of 2 workers on the loopback interface
+"""Dataset runs (softcert.cli.dataset): a LocalCluster of 2 workers on the loopback interface
 and an existing cluster give the in-process table; kill -9 mid-run, then --resume, gives the
 uninterrupted table; no Dask process outlives a run."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-import softcert_cli
-from softcert_cli import dataset
-from softcert_cli.store import load
+import softcert.cli
+from softcert.cli import dataset
+from softcert.cli.store import load
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 5
@@ -30,7 +30,7 @@ TIMING = ("seconds", "peak", "_mb", "worker")  # keys that describe the machine,
 def reference(tmp_path_factory):
     """The uninterrupted in-process run (no Dask)."""
     out = tmp_path_factory.mktemp("reference")
-    assert softcert_cli.main(ARGS + ["--out", str(out)]) == 0
+    assert softcert.cli.main(ARGS + ["--out", str(out)]) == 0
     return out
 
 
@@ -108,7 +108,7 @@ def test_local_cluster_of_two_loopback_workers_gives_the_in_process_table(refere
     before = set(_dask_children())
     out = tmp_path / "cluster"
     try:
-        assert softcert_cli.main(ARGS + ["--out", str(out), "--workers", "2"]) == 0
+        assert softcert.cli.main(ARGS + ["--out", str(out), "--workers", "2"]) == 0
     finally:
         _wait_gone(set(_dask_children()) - before, "Dask processes after the run")
     said = capsys.readouterr().out
@@ -150,7 +150,7 @@ def test_kill_9_mid_run_then_resume_gives_the_uninterrupted_table(reference, tmp
     out, st = tmp_path / "killed", tmp_path / "killed" / "run.jsonl"
     total = N * 2
     log = open(tmp_path / "stderr.txt", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "softcert_cli", *ARGS, "--out", str(out), "--workers", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "softcert", *ARGS, "--out", str(out), "--workers", "1",
                              "--store", str(st)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
                             start_new_session=True)
     group = set()
@@ -174,7 +174,7 @@ def test_kill_9_mid_run_then_resume_gives_the_uninterrupted_table(reference, tmp
         log.close()
     kept = load(st)
     assert 1 <= len(kept.records) < total and not (out / "results.json").exists()  # killed mid-run
-    assert softcert_cli.main(ARGS + ["--out", str(out), "--store", str(st), "--resume"]) == 0
+    assert softcert.cli.main(ARGS + ["--out", str(out), "--store", str(st), "--resume"]) == 0
     said = capsys.readouterr().out
     skipped = len(kept.records) // 2  # images with both records stored are not computed again
     assert f"{N - skipped} images computed, {skipped} taken from" in said
@@ -214,10 +214,10 @@ def test_record_round_trip_and_verdicts(reference):
 
 
 def test_bad_options_are_errors_naming_them(tmp_path, capsys, monkeypatch):
-    assert softcert_cli.main(ARGS + ["--out", str(tmp_path), "--workers", "0"]) == 2
+    assert softcert.cli.main(ARGS + ["--out", str(tmp_path), "--workers", "0"]) == 2
     assert "--workers" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: one of --workers/--scheduler
-        softcert_cli.main(ARGS + ["--out", str(tmp_path), "--workers", "1", "--scheduler", "tcp://127.0.0.1:1"])
+        softcert.cli.main(ARGS + ["--out", str(tmp_path), "--workers", "1", "--scheduler", "tcp://127.0.0.1:1"])
     assert "--scheduler" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--workers/--scheduler"):
         dataset.run(JOB, tmp_path / "s.jsonl", workers=1, scheduler="tcp://127.0.0.1:1")
@@ -225,5 +225,5 @@ def test_bad_options_are_errors_naming_them(tmp_path, capsys, monkeypatch):
     with pytest.raises(ImportError, match=r"softcert\[dist\]"):
         dataset.run(JOB, tmp_path / "s.jsonl", workers=1)
     assert not (tmp_path / "s.jsonl").exists()  # refused before any work
-    assert softcert_cli.main(ARGS + ["--out", str(tmp_path), "--methods", "magic"]) == 2
+    assert softcert.cli.main(ARGS + ["--out", str(tmp_path), "--methods", "magic"]) == 2
     assert "--methods" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The results store (softcert_cli.store): one write per record, cut final lines dropped,
+"""The results store (softcert.cli.store): one write per record, cut final lines dropped,
 run keys checked on --resume, and any byte prefix of a store loads as a prefix of its records."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from softcert_cli import store
-from softcert_cli.store import Store, load
+from softcert.cli import store
+from softcert.cli.store import Store, load
 
 KEY = {"models": ["digits-vit1"], "eps": [0.01], "methods": ["ibp", "crown"], "n": 4}
 

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-import softcert_cli
+import softcert.cli
 
 
 def test_fp_small_run_has_no_violation(tmp_path, capsys):
     argv = ["fp", "--ns", "100", "--dtypes", "float32", "--random-trials", "1", "--rows", "none",
             "--out", str(tmp_path)]
-    assert softcert_cli.main(argv) == 0  # 1 would mean a measured error above the proven bound
+    assert softcert.cli.main(argv) == 0  # 1 would mean a measured error above the proven bound
     res = json.loads((tmp_path / "fp" / "fp_bounds.json").read_text())
     assert res["command"] == "softcert " + " ".join(argv)
     assert res["assumptions"] and res["rows"] is None
@@ -24,13 +24,13 @@ def test_fp_small_run_has_no_violation(tmp_path, capsys):
 
 
 def test_fp_rejects_unknown_dtype(tmp_path, capsys):
-    assert softcert_cli.main(["fp", "--dtypes", "float8", "--out", str(tmp_path)]) == 2
+    assert softcert.cli.main(["fp", "--dtypes", "float8", "--out", str(tmp_path)]) == 2
     assert "--dtypes" in capsys.readouterr().err
 
 
 def test_certify_small_run_is_checked_by_pgd(tmp_path, capsys):
     out = tmp_path / "c"
-    rc = softcert_cli.main(["certify", "--model", "digits-vit1", "--eps", "0.01", "--methods",
+    rc = softcert.cli.main(["certify", "--model", "digits-vit1", "--eps", "0.01", "--methods",
                             "ibp", "crown", "--n", "3", "--out", str(out)])
     assert rc == 0  # run() raises if PGD found a margin below a certified bound
     res = json.loads((out / "results.json").read_text())
@@ -42,12 +42,12 @@ def test_certify_small_run_is_checked_by_pgd(tmp_path, capsys):
 
 
 def test_certify_rejects_unknown_method(tmp_path, capsys):
-    assert softcert_cli.main(["certify", "--methods", "magic", "--out", str(tmp_path)]) == 2
+    assert softcert.cli.main(["certify", "--methods", "magic", "--out", str(tmp_path)]) == 2
     assert "methods" in capsys.readouterr().err
 
 
 def test_bench_measure_and_table():
-    from softcert_cli.commands import bench
+    from softcert.cli.commands import bench
 
     res = bench.measure(shapes=((8, 4),), repeats=1, backends=("torch",))
     assert len(res) == 1 and res[0]["seconds"] > 0 and res[0]["ratio_to_sort"] > 0
@@ -57,7 +57,7 @@ def test_bench_measure_and_table():
 
 def test_topk_bench_small_run(tmp_path, capsys):
     out = tmp_path / "tb"
-    rc = softcert_cli.main(["topk-bench", "--n", "16", "--elements", "64", "--repeat", "1",
+    rc = softcert.cli.main(["topk-bench", "--n", "16", "--elements", "64", "--repeat", "1",
                             "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "bench.json").read_text())
@@ -66,14 +66,14 @@ def test_topk_bench_small_run(tmp_path, capsys):
 
 
 def test_bench_rejects_bad_repeats(capsys):
-    assert softcert_cli.main(["bench", "--repeats", "0"]) == 2
+    assert softcert.cli.main(["bench", "--repeats", "0"]) == 2
     assert "--repeats" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, word", [(["stability", "--c", "0"], "--c"),
                                         (["ghosts", "sweep", "--archs", "ResNet"], "archs")])
 def test_bad_options_name_the_option(argv, word, tmp_path, capsys):
-    assert softcert_cli.main(argv + ["--out", str(tmp_path)]) == 2
+    assert softcert.cli.main(argv + ["--out", str(tmp_path)]) == 2
     assert word in capsys.readouterr().err
 
 
@@ -81,11 +81,11 @@ def test_train_writes_a_checkpoint_zoo_can_read(tmp_path, monkeypatch, capsys):
     """`softcert train` end to end on a one-epoch variant of the digits recipe."""
     import torch
 
-    from certify import ViT, train
+    from softcert.certify import ViT, train
 
     dataset, cfg, recipe = train.RECIPES["digits-vit1"]
     monkeypatch.setitem(train.RECIPES, "digits-vit1", (dataset, cfg, dict(recipe, epochs=1)))
-    assert softcert_cli.main(["train", "digits-vit1", "--out", str(tmp_path)]) == 0
+    assert softcert.cli.main(["train", "digits-vit1", "--out", str(tmp_path)]) == 0
     assert "digits-vit1: test accuracy" in capsys.readouterr().out
     ckpt = torch.load(tmp_path / "digits-vit1.pt", weights_only=True)
     assert ckpt["dataset"] == "digits" and ckpt["config"]["image"] == [1, 8, 8]
@@ -94,7 +94,7 @@ def test_train_writes_a_checkpoint_zoo_can_read(tmp_path, monkeypatch, capsys):
 
 
 def test_certify_unknown_method_message_lists_names_not_a_mapping(tmp_path, capsys):
-    assert softcert_cli.main(["certify", "--methods", "crown", "magic", "--out", str(tmp_path)]) == 2
+    assert softcert.cli.main(["certify", "--methods", "crown", "magic", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--methods" in err and "'magic'" in err and "mappingproxy" not in err
     assert "ibp, crown, alpha-crown, vertex" in err
@@ -106,8 +106,8 @@ def test_topk_bench_compares_backends_within_what_is_proven():
 
     import torch
 
-    from analysis import topk
-    from softcert_cli.commands.topk_bench import disagreement
+    from softcert.analysis import topk
+    from softcert.cli.commands.topk_bench import disagreement
 
     g = torch.Generator().manual_seed(0)
     s = torch.randn(64, 32, generator=g, dtype=torch.float64) * 2.0
@@ -133,8 +133,8 @@ def test_ghosts_split_is_the_torch_permutation_of_certify_digits():
     import torch
     from sklearn.datasets import load_digits
 
-    from certify.data import digits
-    from softcert_cli.commands.ghosts import GHOSTS_TEST, load_digits_split
+    from softcert.certify.data import digits
+    from softcert.cli.commands.ghosts import GHOSTS_TEST, load_digits_split
 
     d = load_digits()
     for seed in (0, 3):
@@ -154,14 +154,14 @@ def test_ghosts_split_is_the_torch_permutation_of_certify_digits():
                                           ({"n_test": 1797}, "n_test"), ({"seed": -1}, "seed"),
                                           ({"flat": 1}, "flat")])
 def test_digits_rejects_bad_options_by_name(kwargs, name):
-    from certify.data import digits
+    from softcert.certify.data import digits
 
     with pytest.raises(ValueError, match=name):
         digits(**kwargs)
 
 
 def test_extract_attention_reports_progress_through_a_callback():
-    from analysis import attention
+    from softcert.analysis import attention
 
     calls = []
     at = attention.extract_attention(sentences=["The cat sat.", "A dog ran far.", "Hi."], max_length=16,

@@ -10,7 +10,7 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import feedback as fb
+from softcert.analysis import feedback as fb
 
 
 def test_example_matrix_thresholds():

@@ -7,7 +7,7 @@ import mpmath
 import numpy as np
 import torch
 
-from kernels.floating import (
+from softcert.kernels.floating import (
     EXP_ULPS,
     EXP_ZERO_ARG,
     LOG_ULPS,

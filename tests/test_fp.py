@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis import fp
+from softcert.analysis import fp
 
 COMBOS = [(a, d) for a in fp.ALGORITHMS for d in fp.DTYPES]
 
@@ -216,7 +216,7 @@ def test_bad_input_raises():
 
 
 def test_formats_use_the_constants_of_kernels_floating():
-    from kernels import floating
+    from softcert.kernels import floating
 
     for name, u, q in (("float64", floating.U64, floating.SUBNORMAL_ULP),
                        ("float32", floating.U32, floating.Q32),

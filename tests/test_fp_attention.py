@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import fp
+from softcert.analysis import fp
 
 U = 2.0 ** -24
 BLOCKS = (1, 16, 64, 128)
@@ -206,9 +206,9 @@ def test_minilm_every_layer_and_head():
 def test_fp_attention_command_small_run(tmp_path, capsys):
     import json
 
-    import softcert_cli
+    import softcert.cli
 
-    rc = softcert_cli.main(["fp", "--attention", "--attention-n", "96", "--attention-sentences",
+    rc = softcert.cli.main(["fp", "--attention", "--attention-n", "96", "--attention-sentences",
                             "0", "--attention-blocks", "8,32", "--out", str(tmp_path)])
     assert rc == 0
     res = json.loads((tmp_path / "fp" / "attention_bounds.json").read_text())

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis import fp
-from kernels import fp_rows
+from softcert.analysis import fp
+from softcert.kernels import fp_rows
 
 
 def _rows(rng):
@@ -93,7 +93,7 @@ def test_mean_gap_reported_subnormal_case():
 
 
 def test_row_kernel_takes_its_format_constants_from_kernels_floating():
-    from kernels import floating
+    from softcert.kernels import floating
 
     assert "2.0 ** -24" not in inspect.getsource(fp_rows)
     assert "2.0 ** -149" not in inspect.getsource(fp_rows)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis import fp_z3
+from softcert.analysis import fp_z3
 
 
 def test_combine_step_is_finite():

@@ -11,7 +11,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from analysis.ghosts import (
+from softcert.analysis.ghosts import (
     batch_radius,
     binary_radius,
     radius_exact,
@@ -19,7 +19,7 @@ from analysis.ghosts import (
     radius_lower_bound_batch,
     top2_estimate,
 )
-from analysis.ghosts_symbolic import binary_zero_set, half_plane_lemma, log_odds_lemma
+from softcert.analysis.ghosts_symbolic import binary_zero_set, half_plane_lemma, log_odds_lemma
 
 METHODS = ("pi", "closed", "root")
 
@@ -276,7 +276,7 @@ def test_symbolic_log_odds_concave_and_lipschitz(rng):
 
 
 def test_pi_radius_batch_matches_and_float32(rng):
-    from analysis.ghosts import pi_radius_batch
+    from softcert.analysis.ghosts import pi_radius_batch
 
     a = torch.tensor(rng.normal(size=(20, 7)))
     assert torch.equal(pi_radius_batch(a), radius_lower_bound_batch(torch.zeros(20, 7), a, "pi"))

@@ -1,4 +1,4 @@
-"""``softcert ghosts`` (softcert_cli/commands/ghosts.py) at toy size: the experiments'
+"""``softcert ghosts`` (softcert/cli/commands/ghosts.py) at toy size: the experiments'
 structure and semantics, the reports they write, and clear errors for bad options."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def test_reduced_experiments_run(tmp_path):
     import argparse
     import json
 
-    from softcert_cli.commands import ghosts as ge
+    from softcert.cli.commands import ghosts as ge
 
     sweep = ge.run_sweep(["Linear", "MLP+LN"], [0, 5], 1, 2.0, progress=False)
     assert len(sweep["rows"]) == 2 * 2 * 2

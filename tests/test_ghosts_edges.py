@@ -1,7 +1,7 @@
 """analysis.ghosts at its edges (issue 10): tied, nearly tied and all-equal slopes, huge and
 tiny scales, and verified exact radii. Every true value comes from an independent oracle:
 the polynomial roots of F (integer slopes) in mpmath at 60+ digits, the binary closed form
-in mpmath, or the report checker's own zero counter (softcert_cli/checker.py)."""
+in mpmath, or the report checker's own zero counter (softcert/cli/checker.py)."""
 from __future__ import annotations
 
 import math
@@ -13,14 +13,14 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from analysis.ghosts import (
+from softcert.analysis.ghosts import (
     RadiusNotVerified,
     count_zeros,
     radius_exact,
     radius_lower_bound,
     radius_lower_bound_batch,
 )
-from softcert_cli import checker as check
+from softcert.cli import checker as check
 
 METHODS = ("pi", "closed", "root")
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import bounds
+from softcert import bounds
 
 NINF = float("-inf")
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kernels_vertex import margin
 
-import bounds
-from kernels import vertex as kv
+from softcert import bounds
+from softcert.kernels import vertex as kv
 
 NINF = float("-inf")
 SLACK = mpmath.mpf(10) ** -40

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import attention, fp_rows, topk, vertex
-from kernels.floating import Q32, U32
-from kernels.threads import caller_threads
+from softcert.kernels import attention, fp_rows, topk, vertex
+from softcert.kernels.floating import Q32, U32
+from softcert.kernels.threads import caller_threads
 
 RNG = np.random.default_rng(0)
 S = RNG.normal(size=(64, 32))

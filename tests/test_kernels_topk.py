@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import topk
-from kernels import topk as ktopk
-from kernels.floating import U64
+from softcert.analysis import topk
+from softcert.kernels import topk as ktopk
+from softcert.kernels.floating import U64
 
 NINF = float("-inf")
 BACKENDS = ("torch", "numba")

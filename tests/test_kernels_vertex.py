@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import bounds
-from kernels import floating
-from kernels import vertex as kv
+from softcert import bounds
+from softcert.kernels import floating
+from softcert.kernels import vertex as kv
 
 KERNEL = pathlib.Path(kv.__file__)
 
@@ -54,8 +54,8 @@ def test_kernel_is_the_bottom_layer():
             imported |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
-    assert imported <= {"__future__", "math", "numpy", "numba", "kernels", "kernels.floating",
-                        "kernels.threads"}
+    assert imported <= {"__future__", "math", "numpy", "numba", "softcert.kernels",
+                        "softcert.kernels.floating", "softcert.kernels.threads"}
     constants = {floating.U64, floating.EXP_REL, floating.TINY, floating.SUBNORMAL_ULP}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, (ast.BinOp, ast.Constant)):

@@ -6,8 +6,8 @@ import warnings
 import pytest
 import torch
 
-from certify import zoo
-from softcert_cli import modelio
+from softcert.certify import zoo
+from softcert.cli import modelio
 
 pytest.importorskip("onnx")
 
@@ -71,7 +71,7 @@ def test_unknown_name_and_unreadable_file(tmp_path):
 
 # ----------------------------------------------------------------------------- --data
 def _own_model(tmp_path, image=(1, 12, 12)):
-    from certify.models import ViT
+    from softcert.certify.models import ViT
 
     torch.manual_seed(0)
     m = ViT(image=image, patch=4, dim=8, heads=2, mlp=16, depth=1, classes=3).eval()
@@ -150,8 +150,8 @@ def test_bad_data_file_kinds(tmp_path):
 
 def test_any_onnx_classifier_loads_as_its_own_graph(tmp_path):
     """An ONNX export outside the certify.ViT family is verified on the ONNX graph itself."""
-    import certify
-    from softcert_cli.modelio import load_model
+    from softcert import certify
+    from softcert.cli.modelio import load_model
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.GELU(),

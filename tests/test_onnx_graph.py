@@ -18,8 +18,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from certify.onnx_graph import ONNX_OPERATORS, forward, read_onnx
-from certify.vnncomp import lower_bounds
+from softcert.certify.onnx_graph import ONNX_OPERATORS, forward, read_onnx
+from softcert.certify.vnncomp import lower_bounds
 
 
 def export(model, x, path, opset, **kw):

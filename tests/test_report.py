@@ -8,15 +8,15 @@ import shutil
 import pytest
 import torch
 
-import softcert_cli
-from softcert_cli import checker, records
-from softcert_cli.commands.report import QUICK, TINY
+import softcert.cli
+from softcert.cli import checker, records
+from softcert.cli.commands.report import QUICK, TINY
 
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    rc = softcert_cli.main(["report", "--tiny", "--out", str(out)])
+    rc = softcert.cli.main(["report", "--tiny", "--out", str(out)])
     assert rc == 0
     return out
 
@@ -47,7 +47,7 @@ def test_quick_settings_run_every_stage_with_more_work():
 
 
 def test_check_passes_on_report(tiny_report, capsys):
-    rc = softcert_cli.main(["check", str(tiny_report / "results.json"), "--quiet"])
+    rc = softcert.cli.main(["check", str(tiny_report / "results.json"), "--quiet"])
     assert rc == 0, capsys.readouterr().out
     assert "OK" in capsys.readouterr().out
 
@@ -78,7 +78,7 @@ def test_tampered_certificate_fails_and_is_named(tiny_report, tmp_path, kind, mu
     assert [f[0] for f in fails] == [rid], fails
     path = tmp_path / "results.json"
     path.write_text(json.dumps(bad))
-    assert softcert_cli.main(["check", str(path), "--quiet"]) == 1
+    assert softcert.cli.main(["check", str(path), "--quiet"]) == 1
     assert rid in capsys.readouterr().out
 
 
@@ -91,23 +91,23 @@ def test_changed_number_without_new_digest_is_named(tiny_report):
 
 
 def test_bad_model_argument_errors(tmp_path, capsys):
-    assert softcert_cli.main(["report", "--tiny", "--model", "no-such-model", "--out", str(tmp_path)]) == 2
+    assert softcert.cli.main(["report", "--tiny", "--model", "no-such-model", "--out", str(tmp_path)]) == 2
     assert "neither a file nor a zoo model" in capsys.readouterr().err
     bad = tmp_path / "conv.pt"
     torch.save({"config": {"image": (1, 8, 8), "patch": 2, "dim": 16, "heads": 2, "mlp": 32, "depth": 1},
                 "state_dict": {"conv.weight": torch.zeros(2, 1, 3, 3)}}, bad)
-    assert softcert_cli.main(["report", "--tiny", "--model", str(bad), "--out", str(tmp_path)]) == 2
+    assert softcert.cli.main(["report", "--tiny", "--model", str(bad), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "unsupported layer 'conv.weight'" in err and "certify.ViT" in err
 
 
 def test_check_rejects_missing_file(tmp_path, capsys):
-    assert softcert_cli.main(["check", str(tmp_path / "nope.json")]) == 2
+    assert softcert.cli.main(["check", str(tmp_path / "nope.json")]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
 def test_figures_are_byte_stable(tiny_report, tmp_path, monkeypatch):
-    from softcert_cli import render
+    from softcert.cli import render
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
     res = json.loads((tiny_report / "results.json").read_text())
@@ -217,7 +217,7 @@ def test_all_certified_acc_set_to_one_fails(tiny_report, tmp_path, capsys):
         r["certified_acc"] = 1.0
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_reseal(res, "certify")))
-    assert softcert_cli.main(["check", str(path), "--quiet"]) == 1
+    assert softcert.cli.main(["check", str(path), "--quiet"]) == 1
     assert "section certify row eps=0.02 method=ibp: certified_acc = 1.0" in capsys.readouterr().out
 
 
@@ -260,7 +260,7 @@ def test_verdicts_disagreeing_with_the_table_fail(tiny_report):
 def _own(tmp_path):
     import numpy as np
 
-    from certify.models import ViT
+    from softcert.certify.models import ViT
 
     torch.manual_seed(0)
     m = ViT(image=(1, 12, 12), patch=4, dim=8, heads=2, mlp=16, depth=1, classes=3).eval()
@@ -278,8 +278,8 @@ def _own(tmp_path):
 def test_certify_stage_on_own_data_gives_checkable_verdicts(tmp_path):
     from dataclasses import replace
 
-    from softcert_cli import modelio
-    from softcert_cli.commands import report
+    from softcert.cli import modelio
+    from softcert.cli.commands import report
 
     _, ckpt, data = _own(tmp_path)
     model, x, y, _ = modelio.load_model(str(ckpt), data=str(data))
@@ -302,9 +302,9 @@ def test_report_data_option_errors_name_it(tmp_path, capsys):
     _, ckpt, data = _own(tmp_path)
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.zeros((2, 1, 12, 12), np.float32), y=np.array([0.0, 1.0]))
-    assert softcert_cli.main(["report", "--tiny", "--model", str(ckpt), "--data", str(bad), "--out", str(tmp_path)]) == 2
+    assert softcert.cli.main(["report", "--tiny", "--model", str(ckpt), "--data", str(bad), "--out", str(tmp_path)]) == 2
     assert "--data: y has dtype float64; labels must be integers" in capsys.readouterr().err
-    assert softcert_cli.main(["report", "--tiny", "--model", str(ckpt), "--out", str(tmp_path)]) == 2
+    assert softcert.cli.main(["report", "--tiny", "--model", str(ckpt), "--out", str(tmp_path)]) == 2
     assert "pass your own test set with --data" in capsys.readouterr().err
 
 
@@ -313,9 +313,9 @@ def test_unverified_exact_radius_is_recorded_without_a_claim(tmp_path, monkeypat
     bound, claims no exact radius for that image, and its records still check."""
     from dataclasses import replace
 
-    from analysis import RadiusNotVerified, ghosts
-    from softcert_cli import modelio
-    from softcert_cli.commands import report
+    from softcert.analysis import RadiusNotVerified, ghosts
+    from softcert.cli import modelio
+    from softcert.cli.commands import report
 
     def unresolved(z, a, *args, **kwargs):
         raise RadiusNotVerified("count_zeros: unresolved (simulated extreme input)")
@@ -378,7 +378,7 @@ def _non_ascii_outside_verbatim(tex):
 def test_tex_cites_every_method_run_and_uses_base_packages(tiny_report):
     import re
 
-    from softcert_cli import references
+    from softcert.cli import references
 
     tex = (tiny_report / "report.tex").read_text()
     packages = set(re.findall(r"\\usepackage(?:\[[^]]*\])?\{([^}]*)\}", tex))
@@ -410,7 +410,7 @@ def test_tex_cites_every_method_run_and_uses_base_packages(tiny_report):
 def test_bib_entries_complete_and_issue_references_present():
     import re
 
-    from softcert_cli import references
+    from softcert.cli import references
 
     bib = references.bibtex()
     entries = re.findall(r"@(\w+)\{([^,]+),\n(.*?)\n\}", bib, flags=re.S)
@@ -433,7 +433,7 @@ def test_bib_entries_complete_and_issue_references_present():
 
 
 def certify_methods():
-    import certify
+    from softcert import certify
 
     return certify.METHODS
 
@@ -451,7 +451,7 @@ def test_markdown_has_model_methods_references_and_intervals(tiny_report):
 
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex not installed (the .tex text is tested above)")
 def test_pdf_compiles_and_pages_render(tiny_report):
-    from softcert_cli import render
+    from softcert.cli import render
 
     note = render.compile_pdf(tiny_report)
     assert note.startswith("report.pdf compiled"), (tiny_report / "report.log").read_text()[-2000:]

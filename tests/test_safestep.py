@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analysis.ghosts_models import make_model
-from analysis.safestep import SafeStep, SafeStepController, logit_slopes
+from softcert.analysis.ghosts_models import make_model
+from softcert.analysis.safestep import SafeStep, SafeStepController, logit_slopes
 
 
 def _batch(n=32, seed=0):

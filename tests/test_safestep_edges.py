@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from analysis.ghosts import pi_radius_batch
-from analysis.ghosts_models import make_model
-from analysis.safestep import SafeStep, SafeStepGuard, SafeStepWarning, logit_slopes, pi_rho
+from softcert.analysis.ghosts import pi_radius_batch
+from softcert.analysis.ghosts_models import make_model
+from softcert.analysis.safestep import SafeStep, SafeStepGuard, SafeStepWarning, logit_slopes, pi_rho
 
 
 def _batch(n=32, seed=0, scale=1.0):

@@ -1,11 +1,11 @@
-"""softcert_cli.style and the report's figures: palette, sizes, markers, coincident curves, ticks."""
+"""softcert.cli.style and the report's figures: palette, sizes, markers, coincident curves, ticks."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from softcert_cli import common, render, style
+from softcert.cli import common, render, style
 
 OKABE_ITO_HEX = {"#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"}
 
@@ -52,7 +52,7 @@ def test_spans_decades(values, log):
 
 def _res(methods=("ibp", "crown", "vertex"), eps=(0.01, 0.0125, 0.015, 0.0175, 0.02), same=True, spread=1e3):
     """A minimal results dict for render.figures: crown and vertex identical when ``same``."""
-    from softcert_cli.records import clopper_pearson
+    from softcert.cli.records import clopper_pearson
 
     rows = []
     for i, e in enumerate(eps):

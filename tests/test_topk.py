@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis import topk
+from softcert.analysis import topk
 
 NINF = float("-inf")
 

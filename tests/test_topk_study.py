@@ -9,15 +9,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
 
-import softcert_cli  # noqa: E402
-from analysis import attention  # noqa: E402
+import softcert.cli  # noqa: E402
+from softcert.analysis import attention  # noqa: E402
 
 
 def test_topk_cli_writes_consistent_results(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(attention.load_corpus()[:12]))
     out = tmp_path / "out"
-    rc = softcert_cli.main(["topk", "--out", str(out), "--corpus", str(corpus),
+    rc = softcert.cli.main(["topk", "--out", str(out), "--corpus", str(corpus),
                             "--lengths", "32", "--eps", "0.01", "0.1"])
     assert rc == 0
     res = json.loads((out / "topk.json").read_text())
@@ -35,4 +35,4 @@ def test_topk_cli_writes_consistent_results(tmp_path):
 
 
 def test_topk_cli_rejects_bad_eps(tmp_path):
-    assert softcert_cli.main(["topk", "--out", str(tmp_path), "--eps", "0.01", "1.5"]) == 2
+    assert softcert.cli.main(["topk", "--out", str(tmp_path), "--eps", "0.01", "1.5"]) == 2

@@ -14,12 +14,12 @@ import torch
 from conftest import brute_force_extrema
 from test_kernels_vertex import assert_within_margin
 
-import bounds
+from softcert import bounds
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of triton
 pytest.importorskip("triton")  # the optional `triton` extra (make test installs it)
 
-from analysis import fp  # noqa: E402
+from softcert.analysis import fp  # noqa: E402
 
 
 def reference64(q, k, v):
@@ -30,8 +30,9 @@ def reference64(q, k, v):
 
 
 def test_nothing_imports_triton_unless_asked():
-    code = ("import sys, numpy as np, bounds, kernels, analysis, analysis.fp as fp, analysis.topk;"
-            "import softcert_cli.commands.bench;"
+    code = ("import sys, numpy as np; from softcert import bounds, kernels, analysis;"
+            "import softcert.analysis.fp as fp, softcert.analysis.topk;"
+            "import softcert.cli.commands.bench;"
             "q = np.ones((2, 4), np.float32); fp.attention(q, q, q, block=2);"
             "bounds.vertex_softmax([1.0, 2.0], [0.0, 0.0], [1.0, 1.0]);"
             "print('triton' in sys.modules)")
@@ -117,8 +118,8 @@ def test_vertex_triton_exact_against_brute_force_including_stalls_and_robust_row
 
 def test_triton_dinkelbach_passes_match_numba():
     """The same iteration in both kernels: pass counts agree up to ties in rounding."""
-    from kernels import vertex as kv
-    from kernels.triton_vertex import dinkelbach_triton
+    from softcert.kernels import vertex as kv
+    from softcert.kernels.triton_vertex import dinkelbach_triton
 
     rng = np.random.default_rng(8)
     c, lo = rng.normal(size=(20, 16)), rng.normal(size=(20, 16)) * 2
@@ -131,11 +132,11 @@ def test_triton_dinkelbach_passes_match_numba():
 
 
 def test_bench_says_triton_timing_needs_a_gpu(monkeypatch, capsys):
-    import softcert_cli
-    from softcert_cli.commands import bench
+    import softcert.cli
+    from softcert.cli.commands import bench
 
     monkeypatch.setattr(bench, "gpu_available", lambda: False)
-    assert softcert_cli.main(["bench", "--backend", "triton"]) == 0
+    assert softcert.cli.main(["bench", "--backend", "triton"]) == 0
     assert "timing needs a GPU" in capsys.readouterr().out
     res = bench.measure(shapes=((8, 4),), repeats=1, backends=("numba-kernel", "numba-sweep"))
     assert [r["backend"] for r in res] == ["numba-kernel", "numba-sweep"]
@@ -146,7 +147,7 @@ def test_topk_triton_matches_numba_and_torch_within_the_rounding_model():
     """Tail sums from the Triton kernel, outward rounded by analysis.topk: the proved τ⁺/τ⁻
     enclose the float64 estimate of every backend, and certified k agree up to a tie
     within the rounding margin."""
-    from analysis import topk
+    from softcert.analysis import topk
 
     rng = np.random.default_rng(11)
     s = torch.tensor(rng.normal(size=(6, 40)) * 3)
@@ -183,7 +184,7 @@ def test_fp_rows_triton_bound_covers_its_measured_error_and_matches_numba():
     Triton FP32 three-pass softmax (interpreter exps), the mean gap E_p[m-x] agrees with the
     Numba kernel's within the inflation both apply, and the numba bound is the smaller
     (1 ulp exps against the interpreter's 4)."""
-    from kernels import fp_rows
+    from softcert.kernels import fp_rows
 
     rng = np.random.default_rng(12)
     x = (rng.standard_normal((3, 6, 48)) * np.array([0.5, 5, 50])[:, None, None]).astype(np.float32)

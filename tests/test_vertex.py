@@ -12,7 +12,7 @@ from conftest import brute_force_extrema, mp_softmax_value
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import bounds
+from softcert import bounds
 
 NINF = float("-inf")
 BACKENDS = ["torch", "numba"]
@@ -378,7 +378,7 @@ def test_property_huge_n_few_distinct_values(backend, data):
 def test_property_certificate_gap_encloses_the_exact_sum(data):
     """The error model itself (kernels.floating.dot_error, through the torch evaluation of
     g): |G - g(λ) e^{-M}| <= err, with unnormalised tiny c so that products underflow."""
-    from bounds.vertex import certificate_gap
+    from softcert.bounds.vertex import certificate_gap
 
     c, s, up, frac = data
     c = torch.tensor([c], dtype=torch.float64)

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from torch import nn
 
-from certify.onnx_graph import read_onnx
-from certify.vnncomp import Verdict, lower_bounds, result_text, solve, write_result
-from certify.vnnlib import parse_vnnlib, read_vnnlib
-from softcert_cli import main
+from softcert.certify.onnx_graph import read_onnx
+from softcert.certify.vnncomp import Verdict, lower_bounds, result_text, solve, write_result
+from softcert.certify.vnnlib import parse_vnnlib, read_vnnlib
+from softcert.cli import main
 
 
 def export(model, x, path, opset=13):

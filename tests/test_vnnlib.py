@@ -13,7 +13,7 @@ import vnnlib.compat
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from certify.vnnlib import Region, parse_vnnlib, read_vnnlib
+from softcert.certify.vnnlib import Region, parse_vnnlib, read_vnnlib
 
 V1 = """; a VNN-COMP style robustness property
 (declare-const X_0 Real)

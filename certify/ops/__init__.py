@@ -3,9 +3,9 @@
 Importing this package registers every family: ``affine``, ``elementwise``, ``bilinear``,
 ``activations`` (smooth elementwise maps), ``convolution``.
 """
-from certify.ops import activations, affine, bilinear, convolution, elementwise  # noqa: F401  (registration)
-from certify.ops.convolution import conv2d_params, conv2d_shape
-from certify.ops.core import (
+from softcert.certify.ops import activations, affine, bilinear, convolution, elementwise  # noqa: F401  (registration)
+from softcert.certify.ops.convolution import conv2d_params, conv2d_shape
+from softcert.certify.ops.core import (
     KINDS,
     MODES,
     OPERATORS,

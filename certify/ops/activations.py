@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from certify.ops.core import Elementwise, register
-from kernels.floating import TINY, U64
+from softcert.certify.ops.core import Elementwise, register
+from softcert.kernels.floating import TINY, U64
 
 U = U64
 LIBM_ULPS = 4

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from certify.ops.core import Affine, Input, down, is_sound, register, sum_rest, up
+from softcert.certify.ops.core import Affine, Input, down, is_sound, register, sum_rest, up
 
 register(Input(name="input", description="the perturbed input (its box is given)"))
 

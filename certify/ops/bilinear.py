@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from certify.ops.core import Bilinear, register, sum_rest
-from kernels.floating import SUBNORMAL_ULP, U64, gamma
+from softcert.certify.ops.core import Bilinear, register, sum_rest
+from softcert.kernels.floating import SUBNORMAL_ULP, U64, gamma
 
 U = U64
 #: absolute allowance per unit of Σ max|in| for products that underflow (each off by at most

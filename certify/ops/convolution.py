@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.grad import conv2d_input
 
-from certify.ops.core import Affine, register, sum_rest
+from softcert.certify.ops.core import Affine, register, sum_rest
 
 
 def _pair(v, name, minimum):

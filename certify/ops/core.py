@@ -32,7 +32,7 @@ from typing import ClassVar
 
 import torch
 
-from kernels.floating import SUBNORMAL_ULP, gamma
+from softcert.kernels.floating import SUBNORMAL_ULP, gamma
 
 KINDS = ("input", "affine", "elementwise", "bilinear")
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from certify.ops.core import Elementwise, register
-from kernels.floating import EXP_ABS, EXP_REL, LOG_REL, SUBNORMAL_ULP, U64
+from softcert.certify.ops.core import Elementwise, register
+from softcert.kernels.floating import EXP_ABS, EXP_REL, LOG_REL, SUBNORMAL_ULP, U64
 
 U = U64
 #: absolute error floor of one value or slope near the subnormal range (e.g. 1/x² for

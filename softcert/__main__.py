@@ -1,0 +1,4 @@
+"""``python -m softcert`` = ``softcert``."""
+from softcert.cli import main
+
+raise SystemExit(main())

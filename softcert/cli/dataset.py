@@ -1,0 +1,299 @@
+"""Dataset runs of ``certify.evaluate``: one task per test image, in-process or on Dask.
+
+A run (``Job``) is models x the first n test images x radii x methods. Each image is an
+independent task, ``certify_sample``: it loads the model by name (once per process, cached),
+seeds torch from (model, image) and runs ``certify.evaluate`` (PGD, every method, the
+PGD cross-check) on that one image, so its records do not depend on which process runs it
+or in which order (PGD's own generator is seeded per call, and a one-image batch draws the
+same restarts wherever it runs). ``run`` executes the tasks
+
+- in this process, one after another, when neither ``workers`` nor ``scheduler`` is given
+  (no Dask needed: the default of ``softcert certify`` and ``softcert report``);
+- on a ``dask.distributed.LocalCluster`` of ``workers`` single-threaded worker processes
+  on 127.0.0.1, started and stopped by ``run`` itself;
+- on an existing Dask cluster at ``scheduler`` (its workers need softcert installed and the
+  model files at the same paths);
+
+and appends every record to the results store (``softcert.cli.store``) as its task
+completes, so a killed run loses no finished image; ``resume=True`` skips the
+(image, eps, method) triples already stored. The evaluations returned are rebuilt from the
+store in a fixed order, so an interrupted-and-resumed run and an uninterrupted one give
+the same tables (timings aside).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import socket
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from softcert import certify
+from softcert.cli import common
+from softcert.cli.store import Store
+from softcert.cli.store import load as load_store
+
+__all__ = ["Job", "RunResult", "add_arguments", "certify_sample", "load", "record_from_json", "record_to_json", "run"]
+
+_MODELS: dict = {}  # (spec, data) -> (model, x_test, y_test, label): one load per process
+
+
+def load(spec: str, data: str | None = None):
+    """``softcert.cli.modelio.load_model(spec, data)``, cached for the life of the process."""
+    from softcert.cli.modelio import load_model
+
+    spec, data = _where(spec), _where(data)
+    hit = _MODELS.get((spec, data))
+    if hit is None:
+        hit = _MODELS[(spec, data)] = load_model(spec, data=data)
+    return hit
+
+
+def _digest(spec):
+    path = Path(spec) if spec is not None else None
+    if path is None or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a dataset run computes: ``certify.evaluate(model, x[:n], y[:n], eps, methods,
+    attack_steps=..., restarts=...)`` for each model spec (zoo name or file), image by image."""
+
+    models: tuple
+    eps: tuple
+    methods: tuple
+    n: int
+    data: str | None = None
+    attack_steps: int = 40
+    restarts: int = 2
+
+    def __post_init__(self):
+        if not self.models or not all(isinstance(m, str) for m in self.models):
+            raise ValueError(f"model: expected one or more model names, got {self.models!r}")
+        unknown = [m for m in self.methods if m not in certify.METHODS]
+        if unknown or not self.methods:
+            raise ValueError(f"--methods: unknown method(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
+                             f"choose from {', '.join(certify.METHODS)}")
+        if not self.eps:
+            raise ValueError("--eps: expected at least one radius")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"--n: must be an integer >= 1, got {self.n!r}")
+
+    def key(self) -> dict:
+        """The run key of the store: every parameter that decides a record (files by content too)."""
+        return {"command": "certify.evaluate per image", "models": list(self.models),
+                "model_sha256": [_digest(m) for m in self.models], "data": self.data,
+                "data_sha256": _digest(self.data), "n": self.n, "eps": [float(e) for e in self.eps],
+                "methods": list(self.methods), "attack_steps": self.attack_steps, "restarts": self.restarts}
+
+
+def _seed(spec: str, index: int) -> int:
+    return zlib.crc32(f"{spec}/{index}".encode())
+
+
+def record_to_json(model: str, r) -> dict:
+    """A ``certify.Record`` as a store record: its fields plus the model, and the verdicts
+    spelled out (``verdict``: certified / not certified; ``pgd``: counterexample / none found /
+    misclassified)."""
+    d = dataclasses.asdict(r)
+    d["class_margins"] = None if r.class_margins is None else list(r.class_margins)
+    pgd = "misclassified" if not r.correct else ("none found" if r.robust else "counterexample")
+    return {"kind": "result", "model": model, **d, "verdict": "certified" if r.certified else "not certified",
+            "pgd": pgd}
+
+
+def record_from_json(d: dict):
+    """The ``certify.Record`` of a store record (fields it does not know are ignored)."""
+    names = {f.name for f in dataclasses.fields(certify.Record)}
+    kw = {k: v for k, v in d.items() if k in names}
+    if kw.get("class_margins") is not None:
+        kw["class_margins"] = tuple(kw["class_margins"])
+    return certify.Record(**kw)
+
+
+def certify_sample(job: Job, spec: str, index: int, todo) -> list:
+    """The task: records (store form) of image ``index`` of model ``spec`` for the
+    (eps, methods) pairs in ``todo``; one ``certify.evaluate`` call per radius, because
+    PGD is run per radius with the same seed whichever radii are asked for. Each record
+    also names the process that ran it (``worker``: host:pid) and the task's wall time
+    (``task_seconds``, model loading and PGD included)."""
+    start = time.perf_counter()
+    torch.set_num_threads(1)
+    model, x, y, _ = load(spec, job.data)
+    out = []
+    for eps, methods in todo:
+        # anything drawing from the global generator draws per image; the caller's state is kept
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_seed(spec, index))
+            ev = certify.evaluate(model, x[index:index + 1], y[index:index + 1], [eps], list(methods),
+                                  attack_steps=job.attack_steps, restarts=job.restarts)
+        out += [record_to_json(spec, dataclasses.replace(r, index=index)) for r in ev.records]
+    # where and how long the whole task ran (PGD included): the scaling model's t_task
+    where = {"worker": f"{socket.gethostname()}:{os.getpid()}", "task_seconds": time.perf_counter() - start}
+    return [{**r, **where} for r in out]
+
+
+def _where(spec):
+    # a file spec travels to other processes as an absolute path (their cwd may differ)
+    if spec is None:
+        return None
+    path = Path(spec)
+    return str(path.resolve()) if path.exists() else spec
+
+
+def add_arguments(parser, default_store: str) -> None:
+    """The options of a dataset run (--workers/--scheduler/--store/--resume) on an argparse parser."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="run the images on a local Dask cluster of N single-threaded worker processes "
+                            "(needs the dist extra); default: one after another in this process")
+    where.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                       help="run the images on an existing Dask cluster, e.g. tcp://10.0.0.5:8786")
+    parser.add_argument("--store", default=None, metavar="PATH",
+                        help=f"results store, one JSON record per line, appended as each image finishes "
+                             f"(default: {default_store})")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the records already in --store (made with the same parameters) and "
+                             "compute only the missing ones")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """``evaluations``: model spec -> ``certify.Evaluation`` rebuilt from the store;
+    ``ran``/``skipped``: images computed now / already complete in the store; ``store``: its path;
+    ``mode``: "in-process", "local cluster (N workers) at ADDRESS" or "scheduler ADDRESS"
+    (in-process also when nothing was left to compute)."""
+
+    evaluations: dict
+    ran: int
+    skipped: int
+    store: str
+    mode: str
+
+
+def _todo(job, done, spec, index):
+    todo = []
+    for eps in job.eps:
+        missing = tuple(m for m in job.methods if (spec, index, float(eps), m) not in done)
+        if missing:
+            todo.append((eps, missing))
+    return tuple(todo)
+
+
+def _evaluation(job, spec, n, records):
+    ours = {}
+    for d in records:
+        if d.get("kind") == "result" and d.get("model") == spec:
+            ours.setdefault((d["index"], float(d["eps"]), d["method"]), d)  # first copy wins
+    recs = []
+    for eps in job.eps:
+        for meth in job.methods:
+            for i in range(n):
+                d = ours.get((i, float(eps), meth))
+                if d is None:
+                    raise ValueError(f"--store: record of image {i}, eps {eps}, method {meth} of {spec} is missing")
+                recs.append(record_from_json(d))
+    from softcert.certify.spec import DOMAIN
+
+    return certify.Evaluation(tuple(recs), n, tuple(float(e) for e in job.eps), tuple(job.methods),
+                              job.attack_steps, job.restarts, DOMAIN)
+
+
+def _distributed():
+    try:
+        import dask.distributed
+    except ImportError as exc:
+        raise ImportError("--workers/--scheduler run on Dask, which is not installed: "
+                          "pip install 'softcert[dist]' (the dist extra)") from exc
+    return dask.distributed
+
+
+def _dask(workers, scheduler):
+    dd = _distributed()
+    if scheduler is not None:
+        return dd.Client(scheduler, timeout="30s"), None
+    # no dashboard, and the scheduler's HTTP routes on a free loopback port (not 8787, which
+    # another cluster on this machine may hold)
+    # dask's nanny gives its workers MALLOC_TRIM_THRESHOLD_=65536: glibc then hands freed memory
+    # back to the OS at once, and the many short-lived tensors of a bound pay for fresh pages
+    # every time (mnist-vit1, crown: 1.6 s per image in such a worker against 0.4 s without;
+    # docs/certify/findings.md). None unsets it for the workers this run starts.
+    import dask
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        cluster = dd.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                                  silence_logs=logging.ERROR)
+    try:
+        return dd.Client(cluster), cluster
+    except BaseException:
+        cluster.close()
+        raise
+
+
+def run(job: Job, store_path, *, workers: int | None = None, scheduler: str | None = None,
+        resume: bool = False, progress: bool = True) -> RunResult:
+    """Run ``job`` (see the module docstring); records stream into the store at ``store_path``."""
+    if not isinstance(job, Job):
+        raise ValueError(f"job: expected a dataset.Job, got {type(job).__name__}")
+    if workers is not None and scheduler is not None:
+        raise ValueError("--workers/--scheduler: give one of them (a local cluster or an existing one)")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"--workers: must be an integer >= 1, got {workers!r}")
+    if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
+        raise ValueError(f"--scheduler: expected an address such as tcp://host:8786, got {scheduler!r}")
+    if workers is not None or scheduler is not None:
+        _distributed()  # before any work: a missing extra is an error at once
+    # the first n images, or the whole test set when it is smaller (as x[:n] gives)
+    count = {spec: min(job.n, len(load(spec, job.data)[2])) for spec in job.models}
+    with Store(store_path, job.key(), resume=resume) as store:
+        done = {(d.get("model"), d.get("index"), float(d.get("eps", "nan")), d.get("method"))
+                for d in store.records if d.get("kind") == "result"}
+        tasks = [(spec, i, _todo(job, done, spec, i)) for spec in job.models for i in range(count[spec])]
+        pending = [t for t in tasks if t[2]]
+        bar = common.progress(total=len(tasks), initial=len(tasks) - len(pending), desc="certify",
+                              unit="image", disable=not progress)
+        mode = "in-process"
+        try:
+            if workers is None and scheduler is None:
+                for spec, i, todo in pending:
+                    for rec in certify_sample(job, spec, i, todo):
+                        store.append(rec)
+                    bar.update(1)
+            elif pending:
+                address = _on_dask(job, pending, store, bar, workers, scheduler)
+                mode = f"scheduler {address}" if scheduler else f"local cluster ({workers} worker{'s' if workers != 1 else ''}) at {address}"
+        finally:
+            bar.close()
+    records = load_store(store_path).records
+    evaluations = {spec: _evaluation(job, spec, count[spec], records) for spec in job.models}
+    return RunResult(evaluations, len(pending), len(tasks) - len(pending), str(store_path), mode)
+
+
+def _on_dask(job, pending, store, bar, workers, scheduler):
+    as_completed = _distributed().as_completed
+    client, cluster = _dask(workers, scheduler)
+    futures = []
+    try:
+        address = client.scheduler.address
+        futures = [client.submit(certify_sample, job, spec, i, todo, pure=False) for spec, i, todo in pending]
+        for fut in as_completed(futures):
+            for rec in fut.result():  # re-raises a task's error (SoundnessError, ValueError) here
+                store.append(rec)
+            fut.release()
+            bar.update(1)
+        return address
+    finally:
+        for fut in futures:
+            fut.cancel()
+        client.close()
+        if cluster is not None:
+            cluster.close()
