@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from softcert.certify.ops.core import Bilinear, register, sum_rest
+from softcert.certify.ops.core import Bilinear, down, register, sum_rest, up
 from softcert.kernels.floating import SUBNORMAL_ULP, U64, gamma
 
 U = U64
@@ -170,8 +170,7 @@ def interval_mul(xb, yb):
     c = torch.stack([xl * yl, xl * yu, xu * yl, xu * yu])
     c = torch.nan_to_num(c, nan=0.0, posinf=torch.inf, neginf=-torch.inf)  # 0·inf: the 0 factor wins
     lo, hi = c.min(0).values, c.max(0).values
-    return (torch.nextafter(lo, torch.full_like(lo, -torch.inf)),
-            torch.nextafter(hi, torch.full_like(hi, torch.inf)))
+    return down(lo), up(hi)
 
 
 def interval_matmul(xb, yb):
@@ -183,7 +182,7 @@ def interval_matmul(xb, yb):
     def centre_radius(lo, hi):
         c = (lo + hi) / 2
         r = torch.maximum(hi - c, c - lo)
-        return c, torch.nextafter(r, torch.full_like(r, torch.inf))
+        return c, up(r)
     xc, xr = centre_radius(xl, xu)
     yc, yr = centre_radius(yl, yu)
     mid = xc @ yc
@@ -194,8 +193,7 @@ def interval_matmul(xb, yb):
     lo, hi = mid - rad - err, mid + rad + err
     # the last two sums: 2u relative
     lo, hi = lo - 2 * U * lo.abs(), hi + 2 * U * hi.abs()
-    return (torch.nextafter(lo, torch.full_like(lo, -torch.inf)),
-            torch.nextafter(hi, torch.full_like(hi, torch.inf)))
+    return down(lo), up(hi)
 
 
 register(OptimisableBilinear(name="mul", description="x ⊙ y (broadcasting)", fn=lambda x, y: x * y,

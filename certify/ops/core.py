@@ -73,9 +73,11 @@ def is_sound():
 
 def _step(t, to):
     # nextafter(t) written as t + (exact spacing) so that autograd sees the identity
-    # (alpha-CROWN differentiates through bounds); -inf stays -inf, NaN stays NaN
-    d = torch.nextafter(t.detach(), to.to(t.dtype)) - t.detach()
-    return t + d.nan_to_num(nan=0.0)
+    # (alpha-CROWN differentiates through bounds, and torch before 2.13 has no derivative of
+    # nextafter); an infinite t takes nextafter's own value (down(+inf) is the largest float,
+    # -inf stays -inf), NaN stays NaN
+    n = torch.nextafter(t.detach(), to.to(t.dtype))
+    return torch.where(torch.isfinite(t), t + (n - t.detach()), n)
 
 
 def down(t):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from softcert.certify.ops.core import Elementwise, register
+from softcert.certify.ops.core import Elementwise, down, register, up
 from softcert.kernels.floating import EXP_ABS, EXP_REL, LOG_REL, SUBNORMAL_ULP, U64
 
 U = U64
@@ -229,39 +229,31 @@ def relu_planes(l, u, alpha=None):
     return lw, torch.zeros_like(lw), uw, ub
 
 
-def _down(t):
-    return torch.nextafter(t, torch.full_like(t, -torch.inf))
-
-
-def _up(t):
-    return torch.nextafter(t, torch.full_like(t, torch.inf))
-
-
 def exp_image(l, u):
     """[exp(l), exp(u)] widened by EXP_REL (+ EXP_ABS below the normal range) and one ulp."""
     (vl, el), (vu, eu) = _exp_value(l), _exp_value(u)
-    return _down(vl - el).clamp(min=0), _up(vu + eu)
+    return down(vl - el).clamp(min=0), up(vu + eu)
 
 
 def reciprocal_image(l, u):
     """[1/u, 1/l], each correctly rounded, one ulp outward."""
-    return _down(1 / u).clamp(min=0), _up(1 / l)
+    return down(1 / u).clamp(min=0), up(1 / l)
 
 
 def square_image(l, u):
-    lo = torch.where((l <= 0) & (u >= 0), 0.0, _down(torch.minimum(l * l, u * u)).clamp(min=0))
-    return lo, _up(torch.maximum(l * l, u * u))
+    lo = torch.where((l <= 0) & (u >= 0), 0.0, down(torch.minimum(l * l, u * u)).clamp(min=0))
+    return lo, up(torch.maximum(l * l, u * u))
 
 
 def rsqrt_image(l, u):
     (vu, eu), (vl, el) = _rsqrt_value(u), _rsqrt_value(l)
-    return _down(vu - eu).clamp(min=0), _up(vl + el)
+    return down(vu - eu).clamp(min=0), up(vl + el)
 
 
 def neg_log_image(l, u):
     """[-log u, -log l] widened by LOG_REL and one ulp; -log 0 = inf."""
     (vu, eu), (vl, el) = _neg_log_value(u), _neg_log_value(l)
-    return _down(vu - eu), _up(vl + el)
+    return down(vu - eu), up(vl + el)
 
 
 exp_planes = convex_planes("exp", exp_image)
