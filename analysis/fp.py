@@ -44,7 +44,7 @@ from softcert.kernels.floating import (
     P32,
     P64,
     PBF16,
-    TRITON_CPU_EXP32_ULPS,
+    triton_exp32_ulps,
 )
 
 ALGORITHMS = ("three_pass", "two_pass", "online", "blocked", "tree")
@@ -676,14 +676,29 @@ def needed_rel(y_hat, x_rounded, p, bound: ErrorBound) -> float:
 
 # ----------------------------------------------------------------------------- attention
 ATTENTION_BACKENDS = ("numba", "triton")
-#: assumed float32 exp accuracy of the Triton backend on the CPU interpreter, where tl.exp is
-#: numpy's float32 exp (SIMD; measured 2.49 ulp on AVX-512 here, tests/test_triton_backends.py)
-TRITON_EXP_ULPS = TRITON_CPU_EXP32_ULPS
-ATTENTION_ASSUMPTIONS = (
-    "float32 inputs are exact; exact output O = softmax(q k^T / sqrt(d)) v in real arithmetic; "
-    "standard model with gradual underflow (round-to-nearest, no flush-to-zero, no fastmath); "
-    "float32 exp accurate to EXP_ULPS['float32'] ulp (measured, see measure_exp_ulps); "
-    "float64 exp within 2 ulp (kernels.floating)")
+
+
+def attention_assumptions(exp_ulps: float, exp_source: str) -> str:
+    """What an attention bound assumes, with the float32 exp accuracy it was computed with."""
+    return ("float32 inputs are exact; exact output O = softmax(q k^T / sqrt(d)) v in real arithmetic; "
+            "standard model with gradual underflow (round-to-nearest, no flush-to-zero, no fastmath); "
+            f"float32 exp accurate to {exp_ulps:g} ulp ({exp_source}); "
+            "float64 exp within 2 ulp (kernels.floating)")
+
+
+ATTENTION_ASSUMPTIONS = attention_assumptions(EXP_ULPS["float32"], "numpy's exp, measured: measure_exp_ulps")
+
+
+def _exp_model(backend: str) -> tuple[float, str]:
+    """(ulps, source) of the float32 exp the backend runs: numpy's for Numba and the Triton
+    interpreter, libdevice's for compiled Triton kernels (kernels.floating, kernels.triton_math)."""
+    if backend == "numba":
+        return EXP_ULPS["float32"], "numpy's exp, measured: measure_exp_ulps"
+    from softcert.kernels.triton_math import interpreted
+
+    if interpreted():
+        return triton_exp32_ulps(True), "Triton interpreter: numpy's float32 exp, measured"
+    return triton_exp32_ulps(False), "compiled Triton: libdevice expf, 2 ulp documented; softcert gpu-check measures it"
 
 
 @dataclass(frozen=True)
@@ -840,7 +855,7 @@ def attention(q, k, v, block: int = 128, backend: str = "numba") -> AttentionRes
     k3 = ka.reshape((-1,) + ka.shape[-2:])
     v3 = va.reshape((-1,) + va.shape[-2:])
     fmt = FORMATS["float32"]
-    ulps = EXP_ULPS["float32"] if backend == "numba" else TRITON_EXP_ULPS
+    ulps, exp_source = _exp_model(backend)
     ue = 2 * ulps * fmt.u
     if backend == "numba":
         from softcert.kernels.attention import flash_attention
@@ -858,7 +873,8 @@ def attention(q, k, v, block: int = 128, backend: str = "numba") -> AttentionRes
         import torch
 
         out, bound, rescales = (torch.from_numpy(np.ascontiguousarray(x)) for x in (out, bound, rescales))
-    return AttentionResult(out, bound, rescales, int(block), backend)
+    return AttentionResult(out, bound, rescales, int(block), backend,
+                           assumptions=attention_assumptions(ulps, exp_source))
 
 
 def minilm_qkv(sentences=None, max_length: int = 128, model_dir=None):

@@ -1,9 +1,10 @@
 """Triton FlashAttention-style FP32 forward, same algorithm as ``kernels.attention``.
 
 Imported only when ``backend="triton"`` is asked for. Without a CUDA device Triton runs in
-interpreter mode (TRITON_INTERPRET=1, set here before the first import of triton), where
-``tl.exp`` is numpy's float32 exp (measured <= 2.5 ulp on AVX-512; the caller passes the
-assumed accuracy) and ``tl.sum`` sums in numpy's order: any order is covered by the bound.
+interpreter mode (TRITON_INTERPRET=1, set by ``kernels.triton_math``). Its ``exp`` is
+libdevice's when compiled, numpy's float32 exp in the interpreter; the caller passes the
+assumed accuracy of the one that runs (``kernels.floating.triton_exp32_ulps``), and ``tl.sum``
+sums in some order: any order is covered by the bound.
 One program per query row; tiles of ``block`` keys, padded to a power of two and masked.
 The kernel keeps its float32 scores, running max and rescale count, and the bound is
 evaluated from them by ``kernels.attention.attention_bound`` (the same proof, section 2 of
@@ -11,29 +12,21 @@ docs/fp/attention.md: any summation order inside a tile, one rescale per max inc
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from softcert.kernels.attention import attention_bound
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from softcert.kernels.attention import attention_bound  # noqa: E402
-
-
-def interpreted() -> bool:
-    """True when Triton runs on the CPU interpreter (no timing is meaningful then)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+# triton_math sets TRITON_INTERPRET (no CUDA device), which triton reads when a kernel is decorated
+from softcert.kernels.triton_math import exp, kernel_device, libdevice_exp
 
 
 @triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, s_ptr, m_ptr, r_ptr, nq, n, d, dv,
                       scale, block, BLOCK_P: tl.constexpr, D_P: tl.constexpr,
-                      DV_P: tl.constexpr):
+                      DV_P: tl.constexpr, LIBDEVICE: tl.constexpr):
     row = tl.program_id(0)
     g = row // nq
     dims = tl.arange(0, D_P)
@@ -54,9 +47,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, s_ptr, m_ptr, r_ptr, nq, n, 
         tl.store(s_ptr + row * n + offs, s, mask=kmask)
         mt = tl.maximum(m, tl.max(s, axis=0))
         grow = (mt > m) & (t0 > 0)
-        alpha = tl.where(grow, tl.exp(m - mt), 1.0)
+        alpha = tl.where(grow, exp(m - mt, LIBDEVICE), 1.0)
         rescales += grow.to(tl.int32)
-        p = tl.exp(s - mt)
+        p = exp(s - mt, LIBDEVICE)
         vt = tl.load(v_ptr + g * n * dv + offs[:, None] * dv + vdims[None, :],
                      mask=kmask[:, None] & (vdims[None, :] < dv), other=0.0)
         ell = ell * alpha + tl.sum(p, axis=0)
@@ -74,7 +67,7 @@ def flash_attention_triton(q: np.ndarray, k: np.ndarray, v: np.ndarray, block: i
     q, k, v = (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x in (q, k, v))
     g_count, nq, d = q.shape
     n, dv = k.shape[1], v.shape[2]
-    device = "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
+    device = kernel_device()
     q, k, v = (x.to(device) for x in (q, k, v))
     out = torch.empty((g_count, nq, dv), dtype=torch.float32, device=device)
     scores = torch.empty((g_count, nq, n), dtype=torch.float32, device=device)
@@ -84,7 +77,7 @@ def flash_attention_triton(q: np.ndarray, k: np.ndarray, v: np.ndarray, block: i
     _attention_kernel[(g_count * nq,)](
         q, k, v, out, scores, big_m, rescales, nq, n, d, dv, scale, int(block),
         BLOCK_P=triton.next_power_of_2(int(block)), D_P=triton.next_power_of_2(d),
-        DV_P=triton.next_power_of_2(dv))
+        DV_P=triton.next_power_of_2(dv), LIBDEVICE=libdevice_exp())
     out, scores, big_m = (x.cpu().numpy() for x in (out, scores, big_m))
     rescales = rescales.cpu().numpy().astype(np.int64)
     if not with_bound:

@@ -1,7 +1,7 @@
 """Triton kernel proposing Vertex-Softmax optima by the sort-free Dinkelbach iteration.
 
 Imported only when ``backend="triton"`` is asked for; without a CUDA device Triton runs in
-interpreter mode (TRITON_INTERPRET=1, set here before the first import of triton). One
+interpreter mode (TRITON_INTERPRET=1, set by ``kernels.triton_math``). One
 program per row (padded to a power of two and masked): weights a = e^{l-M}, b = e^{u-M}
 (M the row's largest upper score), then for the max of (±c)·softmax the iteration of
 ``kernels.vertex._dinkelbach`` (start at the all-upper vertex, stop at a fixed point, a stall
@@ -12,22 +12,18 @@ proves every returned bound with the certificate g(λ) <= 0 under the error mode
 """
 from __future__ import annotations
 
-import os
-
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from softcert.kernels.vertex import FAST_PATH_MIN_WEIGHT, MAX_PASSES  # noqa: E402
+# triton_math sets TRITON_INTERPRET (no CUDA device), which triton reads when a kernel is decorated
+from softcert.kernels.triton_math import exp, kernel_device, libdevice_exp
+from softcert.kernels.vertex import FAST_PATH_MIN_WEIGHT, MAX_PASSES
 
 
 @triton.jit
 def _dinkelbach_kernel(c_ptr, lo_ptr, hi_ptr, lam_ptr, theta_ptr, passes_ptr, robust_ptr, n,
-                       max_passes, min_weight, N_P: tl.constexpr):
+                       max_passes, min_weight, N_P: tl.constexpr, LIBDEVICE: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, N_P)
     msk = offs < n
@@ -35,8 +31,8 @@ def _dinkelbach_kernel(c_ptr, lo_ptr, hi_ptr, lam_ptr, theta_ptr, passes_ptr, ro
     lo = tl.load(lo_ptr + row * n + offs, mask=msk, other=float("-inf"))
     hi = tl.load(hi_ptr + row * n + offs, mask=msk, other=float("-inf"))
     top = tl.max(hi, axis=0)
-    b = tl.exp(hi - top)  # -inf (masked or padding) -> exactly 0
-    a = tl.exp(lo - top)
+    b = exp(hi - top, LIBDEVICE)  # -inf (masked or padding) -> exactly 0
+    a = exp(lo - top, LIBDEVICE)
     small = ((hi > float("-inf")) & (b < min_weight)) | ((lo > float("-inf")) & (a < min_weight))
     tl.store(robust_ptr + row, tl.sum(small.to(tl.int32), axis=0))
     num0 = tl.sum(c * b, axis=0)
@@ -74,13 +70,12 @@ def dinkelbach_triton(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
     path's range and must be solved by the caller's sweep.
     """
     rows, n = c.shape
-    device = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" \
-        else "cpu"
+    device = kernel_device()
     c, lo, hi = (x.to(device=device, dtype=torch.float64).contiguous() for x in (c, lo, hi))
     lam = torch.empty((rows, 2), dtype=torch.float64, device=device)
     theta = torch.empty((rows, 2), dtype=torch.float64, device=device)
     passes = torch.empty((rows, 2), dtype=torch.int32, device=device)
     robust = torch.empty(rows, dtype=torch.int32, device=device)
     _dinkelbach_kernel[(rows,)](c, lo, hi, lam, theta, passes, robust, n, MAX_PASSES,
-                                FAST_PATH_MIN_WEIGHT, N_P=triton.next_power_of_2(n))
+                                FAST_PATH_MIN_WEIGHT, N_P=triton.next_power_of_2(n), LIBDEVICE=libdevice_exp())
     return lam.cpu(), theta.cpu(), passes.cpu(), robust.cpu() > 0
