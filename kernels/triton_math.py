@@ -46,3 +46,28 @@ def exp(x, LIBDEVICE: tl.constexpr):
     else:
         y = tl.exp(x)
     return y
+
+
+@triton.jit
+def _exp_kernel(x_ptr, y_ptr, count, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < count
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, exp(x, LIBDEVICE), mask=mask)
+
+
+def kernel_exp(x, libdevice: bool | None = None):
+    """exp of a 1-D float32/float64 tensor by the kernels' own ``exp``, where they run.
+
+    ``libdevice``: None for the kernels' choice (``libdevice_exp()``); False forces ``tl.exp``
+    (on a GPU the approximate ex2, measured only to show why it is not used); True needs a
+    compiled run. Returns a tensor on ``kernel_device()``."""
+    if libdevice is None:
+        libdevice = libdevice_exp()
+    if libdevice and interpreted():
+        raise ValueError("libdevice: the Triton interpreter has no libdevice exp (needs a GPU)")
+    x = x.to(kernel_device()).contiguous()
+    y = torch.empty_like(x)
+    block = 1024
+    _exp_kernel[(triton.cdiv(x.numel(), block),)](x, y, x.numel(), LIBDEVICE=bool(libdevice), BLOCK=block)
+    return y

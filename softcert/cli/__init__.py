@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "depth": ("softcert.cli.commands.depth", "CROWN time and peak memory against model depth (1-8 blocks), ours vs auto_LiRPA"),
     "bab": ("softcert.cli.commands.bab", "three-valued verdicts (certified/falsified/unknown) by branch and bound, cactus plot, ingredients table"),
     "vnnlib": ("softcert.cli.commands.vnnlib", "the VNN-LIB 2.0 solver command line: verify a property, list supported ONNX operators"),
+    "gpu-check": ("softcert.cli.commands.gpu_check", "on a GPU: exp accuracy sweeps, kernel soundness against oracles, timings (docs/gpu/kernels.md)"),
     "scaling": ("softcert.cli.commands.scaling", "time of a dataset run in-process and on local Dask clusters of N workers, with T(N) = overhead + n·t_task/N"),
 }
 
