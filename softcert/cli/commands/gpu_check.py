@@ -180,6 +180,35 @@ def timings() -> list[dict]:
     return out
 
 
+def _where(fn) -> str:
+    try:
+        out = fn()
+    except Exception as exc:  # a measurement: the error is the finding
+        return f"{type(exc).__name__}: {str(exc)[:160]}"
+    t = out if isinstance(out, torch.Tensor) else next(
+        (v for v in getattr(out, "__dict__", {}).values() if isinstance(v, torch.Tensor)), None)
+    return str(t.device) if t is not None else type(out).__name__
+
+
+def device_probe() -> dict:
+    """Where each public bound of ``bounds`` and ``analysis`` returns CUDA inputs' results
+    (the kernels issue asks for the input's device), or the error it raises."""
+    from softcert import bounds
+    from softcert.analysis import fp, topk
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    c, lo = (torch.randn(64, 16, generator=g, device="cuda", dtype=torch.float64) for _ in range(2))
+    q = torch.randn(2, 64, 16, generator=g, device="cuda")
+    return {
+        "bounds.vertex_softmax(numba)": _where(lambda: bounds.vertex_softmax(c, lo, lo + 1)),
+        "bounds.vertex_softmax(triton)": _where(lambda: bounds.vertex_softmax(c, lo, lo + 1, backend="triton")),
+        "analysis.topk.certified_k": _where(lambda: topk.certified_k(lo, 0.01)),
+        "analysis.topk.tail_mass": _where(lambda: topk.tail_mass(lo, 4)),
+        "analysis.fp.softmax": _where(lambda: fp.softmax(q[0, 0])),
+        "analysis.fp.attention(triton)": _where(lambda: fp.attention(q, q, q, backend="triton")),
+    }
+
+
 def certify_probe() -> dict:
     """certify.verify with a zoo model and inputs on the GPU: the answer, or the error."""
     from softcert import certify
@@ -216,6 +245,7 @@ def measure(small: bool) -> dict:
     if compiled:  # the approximate exp, for the record only (never assumed)
         result["exp32_tl_exp"] = exp32_sweep(False, stride)
         result["timings"] = timings()
+        result["devices"] = device_probe()
         result["certify"] = certify_probe()
     return result
 
@@ -260,6 +290,8 @@ def to_markdown(r: dict, command: str) -> list[str]:
     if "timings" in r:
         lines += ["", "| timed | seconds | baseline | ratio |", "|---|---|---|---|"]
         lines += [f"| {x['what']} | {x['seconds']:.5f} | {x['baseline']} | {x['ratio']:.2f} |" for x in r["timings"]]
+        lines += ["", "| called with CUDA tensors | result on / error |", "|---|---|"]
+        lines += [f"| {name} | {where} |" for name, where in r["devices"].items()]
         lines += ["", f"certify.verify on the device: {r['certify']}"]
     return lines
 
