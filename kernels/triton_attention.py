@@ -12,15 +12,19 @@ docs/fp/attention.md: any summation order inside a tile, one rescale per max inc
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
-from softcert.kernels.attention import attention_bound
+if not torch.cuda.is_available():  # read when triton is first imported (kernels.triton_math)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# triton_math sets TRITON_INTERPRET (no CUDA device), which triton reads when a kernel is decorated
-from softcert.kernels.triton_math import exp, kernel_device, libdevice_exp
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from softcert.kernels.attention import attention_bound  # noqa: E402
+from softcert.kernels.triton_math import exp, kernel_device, libdevice_exp  # noqa: E402
 
 
 @triton.jit

@@ -10,13 +10,18 @@ formed by ``kernels.fp_rows.bounds_from_stats`` with the same inflation as the N
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
-# triton_math sets TRITON_INTERPRET (no CUDA device), which triton reads when a kernel is decorated
-from softcert.kernels.triton_math import exp, kernel_device, libdevice_exp
+if not torch.cuda.is_available():  # read when triton is first imported (kernels.triton_math)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from softcert.kernels.triton_math import exp, kernel_device, libdevice_exp  # noqa: E402
 
 
 @triton.jit

@@ -11,12 +11,17 @@ outward rounding of τ = T[k]/T[0] is done by ``analysis.topk``, as for the torc
 """
 from __future__ import annotations
 
-import torch
-import triton
-import triton.language as tl
+import os
 
-# triton_math sets TRITON_INTERPRET (no CUDA device), which triton reads when a kernel is decorated
-from softcert.kernels.triton_math import exp, kernel_device, libdevice_exp
+import torch
+
+if not torch.cuda.is_available():  # read when triton is first imported (kernels.triton_math)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from softcert.kernels.triton_math import exp, kernel_device, libdevice_exp  # noqa: E402
 
 
 @triton.jit

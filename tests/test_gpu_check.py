@@ -44,3 +44,16 @@ def test_on_the_interpreter_the_full_run_is_refused_by_name(capsys, monkeypatch)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # what a machine without a CUDA device runs
     assert main(["gpu-check", "--out", "unused"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_the_gpu_only_sections_run_end_to_end_on_the_cpu():
+    """timings, the device probe and the certify probe run only on a GPU; here they run on
+    CPU tensors at a tiny size, so the script a lent machine runs once has run before."""
+    rows = gpu_check.timings("cpu", rows_n=((8, 4),), heads_n_d=((1, 8, 4),))
+    assert [r["baseline"] for r in rows] == ["torch.sort", "torch.sort", "scaled_dot_product_attention"]
+    assert all(r["seconds"] > 0 and r["ratio"] > 0 for r in rows)
+    where = gpu_check.device_probe("cpu")
+    # no error anywhere; fp.softmax returns numpy whatever the input (a finding for the GPU run)
+    assert len(where) == 6 and set(where.values()) <= {"cpu", "numpy (host)"}, where
+    probe = gpu_check.certify_probe("cpu")
+    assert probe["ok"] and probe["device"] == "cpu", probe

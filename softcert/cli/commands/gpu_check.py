@@ -149,32 +149,37 @@ def topk_soundness(rows: int, n: int, eps: float = 0.01, seed: int = 0) -> dict:
             "k_differs_from_numba": int((k != k_numba).sum())}
 
 
-def _gpu_seconds(fn, repeat: int = 10) -> float:
+def _seconds(fn, dev: str, repeat: int = 10) -> float:
     def synced():
         fn()
-        torch.cuda.synchronize()
+        if dev == "cuda":
+            torch.cuda.synchronize()
     return common.median_seconds(synced, repeat)
 
 
-def timings() -> list[dict]:
+TIMED_ROWS = ((65536, 128), (4096, 1024))  # the kernels issue's targets
+TIMED_HEADS = ((64, 1024, 64), (16, 4096, 64))
+
+
+def timings(dev: str = "cuda", rows_n=TIMED_ROWS, heads_n_d=TIMED_HEADS) -> list[dict]:
     """Each GPU path against its baseline in the same run (targets: the kernels issue)."""
     from softcert import bounds
     from softcert.analysis import fp, topk
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 baselines are IEEE too
-    out, g = [], torch.Generator(device="cuda").manual_seed(0)
-    for rows, n in ((65536, 128), (4096, 1024)):
-        c, lo = (torch.randn(rows, n, generator=g, device="cuda", dtype=torch.float64) for _ in range(2))
+    out, g = [], torch.Generator(device=dev).manual_seed(0)
+    for rows, n in rows_n:
+        c, lo = (torch.randn(rows, n, generator=g, device=dev, dtype=torch.float64) for _ in range(2))
         hi = lo + 1
-        sort = _gpu_seconds(lambda c=c: torch.sort(c, -1))
-        vs = _gpu_seconds(lambda c=c, lo=lo, hi=hi: bounds.vertex_softmax(c, lo, hi, backend="triton"), 3)
-        tk = _gpu_seconds(lambda lo=lo: topk.certified_k(lo, 0.01, backend="triton"), 3)
+        sort = _seconds(lambda c=c: torch.sort(c, -1), dev)
+        vs = _seconds(lambda c=c, lo=lo, hi=hi: bounds.vertex_softmax(c, lo, hi, backend="triton"), dev, 3)
+        tk = _seconds(lambda lo=lo: topk.certified_k(lo, 0.01, backend="triton"), dev, 3)
         out += [{"what": f"vertex_softmax {rows}x{n}", "seconds": vs, "baseline": "torch.sort", "ratio": vs / sort},
                 {"what": f"certified_k {rows}x{n}", "seconds": tk, "baseline": "torch.sort", "ratio": tk / sort}]
-    for heads, n, d in ((64, 1024, 64), (16, 4096, 64)):
-        q, k, v = (torch.randn(heads, n, d, generator=g, device="cuda") for _ in range(3))
-        sdpa = _gpu_seconds(lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v))
-        att = _gpu_seconds(lambda q=q, k=k, v=v: fp.attention(q, k, v, backend="triton"), 3)
+    for heads, n, d in heads_n_d:
+        q, k, v = (torch.randn(heads, n, d, generator=g, device=dev) for _ in range(3))
+        sdpa = _seconds(lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v), dev)
+        att = _seconds(lambda q=q, k=k, v=v: fp.attention(q, k, v, backend="triton"), dev, 3)
         out.append({"what": f"fp.attention {heads}x{n}x{d}", "seconds": att,
                     "baseline": "scaled_dot_product_attention", "ratio": att / sdpa})
     return out
@@ -187,18 +192,20 @@ def _where(fn) -> str:
         return f"{type(exc).__name__}: {str(exc)[:160]}"
     t = out if isinstance(out, torch.Tensor) else next(
         (v for v in getattr(out, "__dict__", {}).values() if isinstance(v, torch.Tensor)), None)
+    if isinstance(out, np.ndarray):
+        return "numpy (host)"
     return str(t.device) if t is not None else type(out).__name__
 
 
-def device_probe() -> dict:
+def device_probe(dev: str = "cuda") -> dict:
     """Where each public bound of ``bounds`` and ``analysis`` returns CUDA inputs' results
     (the kernels issue asks for the input's device), or the error it raises."""
     from softcert import bounds
     from softcert.analysis import fp, topk
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    c, lo = (torch.randn(64, 16, generator=g, device="cuda", dtype=torch.float64) for _ in range(2))
-    q = torch.randn(2, 64, 16, generator=g, device="cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    c, lo = (torch.randn(64, 16, generator=g, device=dev, dtype=torch.float64) for _ in range(2))
+    q = torch.randn(2, 64, 16, generator=g, device=dev)
     return {
         "bounds.vertex_softmax(numba)": _where(lambda: bounds.vertex_softmax(c, lo, lo + 1)),
         "bounds.vertex_softmax(triton)": _where(lambda: bounds.vertex_softmax(c, lo, lo + 1, backend="triton")),
@@ -209,7 +216,7 @@ def device_probe() -> dict:
     }
 
 
-def certify_probe() -> dict:
+def certify_probe(dev: str = "cuda") -> dict:
     """certify.verify with a zoo model and inputs on the GPU: the answer, or the error."""
     from softcert import certify
     from softcert.certify import zoo
@@ -217,7 +224,7 @@ def certify_probe() -> dict:
     model, x, y = zoo.load("mnist-vit1")
     t = time.perf_counter()
     try:
-        res = certify.verify(model.cuda(), x[:2].cuda(), y[:2].cuda(), 0.001, method="crown")
+        res = certify.verify(model.to(dev), x[:2].to(dev), y[:2].to(dev), 0.001, method="crown")
         return {"ok": True, "device": str(res.lower_margin.device), "seconds": time.perf_counter() - t}
     except Exception as exc:  # a measurement: whatever fails is the finding
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
