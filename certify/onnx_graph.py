@@ -5,11 +5,16 @@ is decompressed first), runs ``onnx.shape_inference`` and walks the nodes in the
 (topological) order. Initializers, ``Constant``, ``ConstantOfShape`` and everything computed
 from constants only (e.g. ``Shape`` -> ``Gather`` -> ``Concat`` -> ``Reshape`` chains) are
 constants: such a node is evaluated on the spot by onnx's reference evaluator
-(``onnx.reference``, the ONNX semantics of every operator and dtype). A node with a perturbed
+(``onnx.reference``, the ONNX semantics of every operator and dtype) at the model's opset
+(BatchNormalization by our own eval-mode formula). Random draws (RandomNormal, Bernoulli, ...)
+and Dropout/BatchNormalization in training mode are refused, never folded. A node with a perturbed
 input is lowered by ``certify.lowering.Builder`` through the table ``RULES``, one entry per
 operator of ``ONNX_OPERATORS``; any other operator raises ValueError naming its op type and
-node name. Erf is read only inside the exporters' GELU pattern x · 0.5 · (1 + erf(x / √2)),
-which becomes one ``gelu`` node (like ONNX's own Gelu).
+node name, so is a node whose inputs do not fit it. Erf is read only inside the exporters' GELU
+pattern s · x · (1 + erf(c x)) (s = 0.5, c = 1/√2 as the model rounds it), lowered exactly as
+(2s/k) · gelu(k x), k = √2 c. The perturbed path must be float32/float64; a Cast on it that
+loses precision (float16, bfloat16, float64 -> float32, integers) is refused: the graph is the
+model in real arithmetic, and a dropped rounding could turn a false property into `unsat`.
 Batch: the model is read at batch 1 (a symbolic first axis counts as 1). The first graph
 input that is not an initializer is the perturbed input; the first graph output is the output.
 """
@@ -108,12 +113,24 @@ def _dims(type_proto, what, batch_axis=True) -> tuple:
 def read_onnx(path_or_model) -> OnnxNetwork:
     """Load an ONNX model (path, ``.onnx.gz`` path or ``onnx.ModelProto``) and lower it.
 
-    Raises ValueError naming the ONNX op type and node of the first unsupported operation."""
+    Raises ValueError naming the file, the ONNX op type and node of the first operation that
+    is unsupported, malformed (shapes that do not fit, an output no node produces) or that
+    the verifier cannot model (random draws, training mode, precision-losing casts)."""
     model = _load(path_or_model)
+    src = "ONNX model" if isinstance(path_or_model, onnx.ModelProto) else os.fspath(path_or_model)
+    try:
+        return _read(model)
+    except ValueError as exc:
+        raise ValueError(f"{src}: {exc}") from exc
+    except Exception as exc:  # a malformed file can break onnx itself in many ways
+        raise ValueError(f"{src}: malformed ONNX model ({type(exc).__name__}: {exc})") from exc
+
+
+def _read(model) -> OnnxNetwork:
     try:
         model = shape_inference.infer_shapes(model)
     except Exception as exc:  # onnx raises InferenceError and others
-        raise ValueError(f"path_or_model: ONNX shape inference failed ({exc})") from exc
+        raise ValueError(f"ONNX shape inference failed ({exc})") from exc
     opset = _opset(model)
     g = model.graph
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
@@ -124,12 +141,15 @@ def read_onnx(path_or_model) -> OnnxNetwork:
         raise ValueError("model: the ONNX graph has no output")
     inp = inputs[0]
     in_shape = _dims(inp.type, f"input {inp.name!r}")
-    lw = _Lowering(opset)
+    lw = _Lowering(opset, _elem_types(g))
+    lw.check_float(inp.name, f"input {inp.name!r}")
     env: dict = dict(inits)
     env[inp.name] = lw.b.input(in_shape, inp.name)
     for k, node in enumerate(g.node):
         lw.lower(node, k, env)
     out_name = g.output[0].name
+    if out_name not in env:
+        raise ValueError(f"model: output {out_name!r} is produced by no node (and is no input or initializer)")
     out = env[out_name]
     if isinstance(out, _Erf):
         raise ValueError(f"unsupported ONNX operator Erf (only inside the GELU pattern "
@@ -146,6 +166,15 @@ def read_onnx(path_or_model) -> OnnxNetwork:
     return OnnxNetwork(graph, inp.name, in_shape, out_name, out_shape, opset, model)
 
 
+def _elem_types(g) -> dict:
+    """ONNX element type of every named value shape inference (or the file) declares."""
+    types = {t.name: t.data_type for t in g.initializer}
+    for vi in (*g.input, *g.value_info, *g.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    return types
+
+
 # ---------------------------------------------------------------- lowering
 def _t(a):
     """A numpy constant as a builder constant (float64 when floating)."""
@@ -156,10 +185,22 @@ def _ints(a) -> list:
     return [int(v) for v in np.asarray(a).reshape(-1)]
 
 
+#: operators that draw random numbers: folding one would freeze a single draw into the graph
+RANDOM_OPERATORS = ("Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
+                    "RandomUniformLike")
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT: 32, onnx.TensorProto.DOUBLE: 64}  # type -> bits
+
+
+def _type_name(t) -> str:
+    return onnx.TensorProto.DataType.Name(t) if t else "an unknown type"
+
+
 class _Lowering:
-    def __init__(self, opset):
+    def __init__(self, opset, types=None):
         self.opset = opset
         self.b = Builder()
+        self.types = dict(types or {})  # value name -> ONNX element type
+        self.node = None  # the node being lowered (Cast reads its input's type)
 
     def lower(self, node, k, env):
         name = node.name or f"{node.op_type}#{k}"
@@ -170,36 +211,103 @@ class _Lowering:
         ins = [env[n] if n else None for n in node.input]
         if node.domain not in ("", "ai.onnx"):
             raise ValueError(f"unsupported {where} (domain {node.domain!r})")
+        attrs = {a.name: _attr(a) for a in node.attribute}
+        reason = _not_inference(node, ins, attrs, self.opset)
+        if reason:
+            raise ValueError(f"{where}: {reason}; the verifier reads inference graphs only (export in eval "
+                             f"mode, or replace the node by a constant)")
+        self.node = node
         if any(isinstance(v, _Erf) for v in ins):
             outs = _gelu_step(self, node, name, ins, where)
         elif not any(isinstance(v, int) for v in ins):
-            outs = self._fold(node, ins, where)
+            outs = self._fold(node, ins, attrs, where)
         else:
-            rule = RULES.get(node.op_type)
-            if rule is None:
-                raise ValueError(f"unsupported {where}; supported: certify.onnx_graph.ONNX_OPERATORS")
-            attrs = {a.name: _attr(a) for a in node.attribute}
-            try:
-                outs = rule(self, name, attrs, *ins)
-            except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from exc
+            outs = self._rule(node, name, attrs, ins, where)
         if not isinstance(outs, tuple):
             outs = (outs,)
         for n, v in zip(node.output, outs):
             if n:
                 env[n] = _as_np(v)
+                if isinstance(env[n], int):
+                    self._perturbed_type(n, node, attrs, where)
 
-    def _fold(self, node, ins, where):
+    def _rule(self, node, name, attrs, ins, where):
+        rule = RULES.get(node.op_type)
+        if rule is None:
+            raise ValueError(f"unsupported {where}; supported: certify.onnx_graph.ONNX_OPERATORS")
         try:
-            ev = reference.ReferenceEvaluator(node, opsets={"": self.opset})
-            feeds = {n: v for n, v in zip(node.input, ins) if n}
-            return tuple(ev.run(None, feeds))
+            return rule(self, name, attrs, *ins)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+        except Exception as exc:  # inputs that do not fit the operator (a malformed file)
+            raise ValueError(f"{where}: the node does not fit its inputs {self._shapes(ins)} "
+                             f"({type(exc).__name__}: {exc})") from exc
+
+    def _shapes(self, ins):
+        return [None if v is None or isinstance(v, _Erf) else self.shape(v) for v in ins]
+
+    def _perturbed_type(self, out, node, attrs, where):
+        """Record the element type of a perturbed output (inferred, else that of the first
+        typed input: ONNX arithmetic keeps its operands' type) and refuse non-float ones."""
+        if out not in self.types:
+            src = next((n for n in node.input if n in self.types), None)
+            self.types[out] = int(attrs["to"]) if node.op_type == "Cast" else self.types.get(src, 0)
+        self.check_float(out, f"{where}: output {out!r}")
+
+    def check_float(self, value, what):
+        t = self.types.get(value, 0)
+        if t and t not in _FLOAT_TYPES:
+            raise ValueError(f"{what} is {_type_name(t)} on the perturbed path: the verifier computes in real "
+                             f"arithmetic and reads float32/float64 models only (export in float32)")
+
+    def _fold(self, node, ins, attrs, where):
+        feeds = {n: v for n, v in zip(node.input, ins) if n}
+        try:
+            if node.op_type == "BatchNormalization":
+                # onnx's reference evaluator mixes opset-9 batch norm with batch statistics
+                return _fold_batch_norm(ins, attrs)
+            # a one-node function carries the model's opset (a bare node is run at the newest)
+            fn = helper.make_function("softcert.fold", "fold", list(feeds), [o for o in node.output if o], [node],
+                                      [helper.make_opsetid("", self.opset)])
+            outs = reference.ReferenceEvaluator(fn).run(None, feeds, attributes={})
         except Exception as exc:  # the evaluator raises many types
             raise ValueError(f"{where}: constant folding failed ({exc})") from exc
+        it = iter(outs)
+        return tuple(next(it) if o else None for o in node.output)
 
     # shapes and helpers used by the rules
     def shape(self, v):
         return tuple(np.shape(v)) if isinstance(v, np.ndarray) else self.b.shape(v)
+
+
+def _not_inference(node, ins, attrs, opset):
+    """Why ``node`` is not a deterministic inference operation (None when it is): a random
+    draw, Dropout or BatchNormalization in training mode (by the rules of ``opset``)."""
+    op = node.op_type
+    if op in RANDOM_OPERATORS:
+        return "it draws random numbers"
+    old_training = opset < 7 and not attrs.get("is_test", 0)  # opset 1-6: is_test (default 0)
+    if op == "Dropout":
+        flag = ins[2] if len(ins) > 2 and opset >= 12 else None
+        if old_training or isinstance(flag, int) or (flag is not None and bool(np.asarray(flag).any())):
+            return "dropout in training mode draws random numbers"
+    if op == "BatchNormalization":
+        outputs = sum(1 for o in node.output if o)  # opset 7-13: extra outputs mean training mode
+        if old_training or (7 <= opset < 14 and outputs > 1) or attrs.get("training_mode", 0):
+            return "batch normalization in training mode uses batch statistics"
+        if not attrs.get("spatial", 1):
+            return "batch normalization with spatial=0 (per-activation statistics) is not supported"
+    return None
+
+
+def _fold_batch_norm(ins, attrs):
+    """Eval-mode batch norm of constants in the input's dtype: y = s (x - m) / √(v + ε) + b,
+    per channel (axis 1)."""
+    x, scale, bias, mean, var = (np.asarray(v) for v in ins[:5])
+    view = (-1,) + (1,) * (x.ndim - 2)
+    eps = float(attrs.get("epsilon", 1e-5))
+    s, b, m, v = (a.astype(x.dtype).reshape(view) for a in (scale, bias, mean, var))
+    return ((s * (x - m) / np.sqrt(v + x.dtype.type(eps)) + b).astype(x.dtype),)
 
 
 def _attr(a):
@@ -240,30 +348,46 @@ def _axis(a, rank):
 
 # ---------------------------------------------------------------- rules
 def _gemm(lw, name, at, A, B, C=None):
+    """Y = alpha · A' B' + beta · C, A' = Aᵀ if transA, B' = Bᵀ if transB; C (a constant or a
+    perturbed value) broadcasts to Y's shape (M, N)."""
     b = lw.b
     alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    out = _gemm_shape(lw, A, B, C, bool(at.get("transA", 0)), bool(at.get("transB", 0)))
     a = _v(A)
     if at.get("transA", 0):
         a = b.transpose(a, 0, 1, name)
     bb = _v(B)
     if at.get("transB", 0):
-        bb = b.transpose(bb, 0, 1, name) if isinstance(bb, int) else bb.T
+        bb = b.transpose(bb, 0, 1, name)
+    bias = None
     if isinstance(a, int) and not isinstance(bb, int):
-        W = (bb * alpha).T  # (N, K): y = a Wᵀ
-        out = (b.shape(a)[0], W.shape[0])
-        bias = None
-        if C is not None:
+        if C is not None and not isinstance(C, int):
+            # a constant C with equal rows is the linear node's bias
             cb = torch.broadcast_to(_t(C).to(F64) * beta, out)
             if bool((cb == cb[:1]).all()):
                 bias, C = cb[0].clone(), None
-        y = b.linear(a, W, bias, name)
+        y = b.linear(a, (bb * alpha).T, bias, name)  # (N, K) weight: y = a Wᵀ
     else:
         y = b.matmul(a, bb, name)
         if alpha != 1:
             y = b.mul(y, const(alpha), name)
     if C is not None:
-        y = b.add(y, b.mul(_v(C), const(beta), name) if beta != 1 else _v(C), name)
+        y = b.add(y, b.mul(_f(C), const(beta), name), name)
     return y
+
+
+def _gemm_shape(lw, A, B, C, ta, tb) -> tuple:
+    """(M, N) of Gemm's output; ValueError when A, B, C do not fit."""
+    sa, sb = lw.shape(A), lw.shape(B)
+    if len(sa) != 2 or len(sb) != 2:
+        raise ValueError(f"A {sa} and B {sb} must be matrices")
+    (m, k), (k2, n) = (sa[::-1] if ta else sa), (sb[::-1] if tb else sb)
+    if k != k2:
+        raise ValueError(f"A {sa} (transA={int(ta)}) and B {sb} (transB={int(tb)}) do not fit: {k} != {k2} columns/rows")
+    sc = lw.shape(C) if C is not None else ()
+    if len(sc) > 2 or any(c not in (1, o) for c, o in zip(sc[::-1], (n, m))):
+        raise ValueError(f"C {sc} does not broadcast to the output shape {(m, n)}")
+    return (m, n)
 
 
 def _f(v):
@@ -271,10 +395,35 @@ def _f(v):
     return v if isinstance(v, int) else _t(v).to(F64)
 
 
+def _broadcast_shape(lw, x, y) -> tuple:
+    sx, sy = lw.shape(x), lw.shape(y)
+    try:
+        return tuple(torch.broadcast_shapes(sx, sy))
+    except RuntimeError:
+        raise ValueError(f"operand shapes {sx} and {sy} do not broadcast") from None
+
+
 def _binary(method):
     def rule(lw, name, at, x, y):
+        _broadcast_shape(lw, x, y)
         return getattr(lw.b, method)(_f(x), _f(y), name)
     return rule
+
+
+def _matmul(lw, name, at, x, y):
+    """numpy matmul: vectors are lifted to matrices; the inner sizes must agree and the batch
+    axes broadcast."""
+    sx, sy = lw.shape(x), lw.shape(y)
+    if not sx or not sy:
+        raise ValueError(f"MatMul of a scalar (shapes {sx}, {sy})")
+    kx, ky = sx[-1], (sy[-2] if len(sy) > 1 else sy[0])
+    if kx != ky:
+        raise ValueError(f"shapes {sx} and {sy} do not fit: inner sizes {kx} != {ky}")
+    try:
+        torch.broadcast_shapes(sx[:-2], sy[:-2])
+    except RuntimeError:
+        raise ValueError(f"batch axes of {sx} and {sy} do not broadcast") from None
+    return lw.b.matmul(_f(x), _f(y), name)
 
 
 def _unary(op):
@@ -317,11 +466,16 @@ def _dropout(lw, name, at, x, ratio=None, training=None):
 
 
 def _cast(lw, name, at, x):
-    to = int(at["to"])
-    if to not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
-                  onnx.TensorProto.BFLOAT16):
-        raise ValueError(f"cast of the perturbed input to {onnx.TensorProto.DataType.Name(to)}")
-    return x  # the verifier computes in float64 throughout
+    """A cast to the same or a wider float type (float32 -> float32/float64, float64 ->
+    float64) is the identity. Any other cast of a perturbed value rounds it (float16, bfloat16,
+    float64 -> float32) or truncates it (integers); the verifier does not enclose that, so the
+    node is refused rather than dropped."""
+    src, to = lw.types.get(lw.node.input[0], 0), int(at["to"])
+    if src in _FLOAT_TYPES and to in _FLOAT_TYPES and _FLOAT_TYPES[to] >= _FLOAT_TYPES[src]:
+        return x
+    raise ValueError(f"cast of a perturbed value from {_type_name(src)} to {_type_name(to)} loses precision; "
+                     f"the verifier computes in real arithmetic and does not bound that rounding "
+                     f"(remove the cast, or export the model in float32)")
 
 
 def _softmax(lw, name, at, x):
@@ -527,51 +681,64 @@ def _expand(lw, name, at, x, shape):
 # ---------------------------------------------------------------- GELU, erf form
 class _Erf:
     """A partial match of GELU's erf form on the perturbed node ``x``: ``stage`` "erf" is
-    erf(x/√2), "1+erf" is 1 + erf(x/√2), "x(1+erf)" is x · (1 + erf(x/√2)), "half" is 0.5 x
-    waiting for the factor 1 + erf. Erf has no relaxation of its own: a match that does not
-    complete to 0.5 x (1 + erf(x/√2)) is refused."""
+    erf(c x), "1+erf" is 1 + erf(c x), for the model's own scalar c > 0 (x / √2 as exported:
+    c = fl(1/fl32(√2)), not 1/√2). ``shape``: the value's shape (a size-1 constant may add
+    leading axes). Erf has no relaxation of its own: a match that does not complete to
+    s · x · (1 + erf(c x)) is refused."""
 
-    def __init__(self, stage, x):
-        self.stage, self.x = stage, x
+    def __init__(self, stage, x, c, shape):
+        self.stage, self.x, self.c, self.shape = stage, x, c, tuple(shape)
 
 
-def _scalar(v, value):
-    return isinstance(v, np.ndarray) and v.size == 1 and abs(float(v.reshape(-1)[0]) - value) <= 1e-6 * abs(value)
+def _scalar(v):
+    """The value of a size-1 constant, else None."""
+    return float(v.reshape(-1)[0]) if isinstance(v, np.ndarray) and v.size == 1 else None
+
+
+def _scale_of(lw, v):
+    """(x, c) when the perturbed node ``v`` is x · c for a scalar constant c, else None."""
+    if not isinstance(v, int):
+        return None
+    node = lw.b.graph.nodes[v]
+    c = node.params.get("value") if node.op == "mul_const" else None
+    if c is None or c.numel() != 1 or lw.b.shape(node.inputs[0]) != node.shape:
+        return None
+    return node.inputs[0], float(c)
 
 
 def _erf(lw, name, at, x):
-    # the exporter writes erf(x / √2); the builder made x / √2 a mul_const by fl(1/√2)
-    node = lw.b.graph.nodes[x]
-    v = node.params.get("value") if node.op == "mul_const" else None
-    if v is not None and v.numel() == 1 and abs(float(v) - 0.5 ** 0.5) <= 1e-6:
-        return _Erf("erf", node.inputs[0])
-    raise ValueError("Erf outside the GELU pattern x · 0.5 · (1 + erf(x / √2))")
-
-
-def _is_half_of(lw, v, x):
-    if not isinstance(v, int):
-        return False
-    node = lw.b.graph.nodes[v]
-    val = node.params.get("value") if node.op == "mul_const" else None
-    return node.inputs == (x,) and val is not None and val.numel() == 1 and float(val) == 0.5
+    # the exporters write erf(x / √2) or erf(x · 0.70710677); the builder made either a mul_const
+    scaled = _scale_of(lw, x)
+    if scaled is None or not (math.isfinite(scaled[1]) and scaled[1] > 0):
+        raise ValueError("Erf outside the GELU pattern x · 0.5 · (1 + erf(x / √2))")
+    return _Erf("erf", scaled[0], scaled[1], lw.shape(x))
 
 
 def _gelu_step(lw, node, name, ins, where):
-    """Advance a GELU match (see ``_Erf``) by one Add or Mul; emits the gelu node at the end."""
+    """Advance a GELU match (see ``_Erf``) by one Add of exactly 1.0, then one Mul by x or by
+    a scalar multiple s · x. The result is exact: with k = √2 c,
+    s · x · (1 + erf(c x)) = (2 s / k) · gelu(k x), gelu(z) = 0.5 z (1 + erf(z / √2)),
+    up to the float64 rounding of the constants k and 2 s / k (as for Div's 1/c)."""
     op = node.op_type
     pending = next(v for v in ins if isinstance(v, _Erf))
     other = [v for v in ins if v is not pending]
     if len(ins) == 2 and len(other) == 1:
         o, x, st = other[0], pending.x, pending.stage
-        if op == "Add" and st == "erf" and _scalar(o, 1.0):
-            return _Erf("1+erf", x)
-        if op == "Mul" and st == "1+erf" and o == x:
-            return _Erf("x(1+erf)", x)
-        if op == "Mul" and st == "x(1+erf)" and _scalar(o, 0.5):
-            return _gelu(lw, x, name)
-        if op == "Mul" and st == "1+erf" and _is_half_of(lw, o, x):
-            return _gelu(lw, x, name)
-    raise ValueError(f"unsupported {where}: Erf is read only inside the GELU pattern x · 0.5 · (1 + erf(x / √2))")
+        if op == "Add" and st == "erf" and _scalar(o) == 1.0:
+            return _Erf("1+erf", x, pending.c, np.broadcast_shapes(pending.shape, np.shape(o)))
+        scaled = (x, 1.0) if isinstance(o, int) and o == x else _scale_of(lw, o)
+        if op == "Mul" and st == "1+erf" and scaled is not None and scaled[0] == x:
+            return _scaled_gelu(lw, x, pending.c, scaled[1], pending.shape, name)
+    raise ValueError(f"unsupported {where}: Erf is read only inside the GELU pattern x · 0.5 · (1 + erf(x / √2)) "
+                     f"(with the constant 1 exactly)")
+
+
+def _scaled_gelu(lw, x, c, s, shape, name):
+    """s · x · (1 + erf(c x)) as (2 s / k) · gelu(k x), k = √2 c (see ``_gelu_step``)."""
+    b = lw.b
+    k = math.sqrt(2.0) * c
+    y = b.mul(_gelu(lw, b.mul(x, const(k), name), name), const(2.0 * s / k), name)
+    return y if b.shape(y) == tuple(shape) else b.reshape(y, tuple(shape), name)
 
 
 def _gelu(lw, x, name, approximate="none"):
@@ -590,7 +757,7 @@ RULES = {
     "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _binary("div"),
     "BatchNormalization": _batch_norm, "Cast": _cast, "Concat": _concat, "Conv": _conv,
     "Dropout": _dropout, "Erf": _erf, "Exp": _unary("exp"), "Gelu": _gelu_rule, "Expand": _expand, "Flatten": _flatten, "Gather": _gather,
-    "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _binary("matmul"),
+    "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _matmul,
     "Neg": _neg, "Pow": _pow, "Reciprocal": _unary("reciprocal"), "ReduceMean": _reduce(True),
     "ReduceSum": _reduce(False), "Relu": _unary("relu"), "Reshape": _reshape, "Shape": _shape,
     "Sigmoid": _unary("sigmoid"), "Slice": _slice, "Softmax": _softmax, "Sqrt": _unary("sqrt"), "Squeeze": _squeeze,
