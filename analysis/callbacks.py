@@ -2,7 +2,7 @@
 
 Both apply :class:`analysis.safestep.SafeStepGuard` to the framework's own optimizer: each
 update p is scaled by min(1, r rho_a / ||p||), rho_a = pi / max_x Delta(J_z p)(x) over the
-micro-batches of the step (DESIGN.md section 2). Neither framework is imported when this
+micro-batches of the step (docs/mathematics.md section 2). Neither framework is imported when this
 module is: the classes are built on first access (``from softcert.analysis.callbacks import
 SafeStepCallback`` imports transformers then), so the library does not depend on them.
 

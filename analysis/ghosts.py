@@ -2,7 +2,7 @@
 
 Linearise the logits along a direction v: z_k(t) = z_k + a_k t with a = J_z v. Cross-entropy
 along the line is -a_y t + log F(t) + const, F(t) = sum_k exp(z_k + a_k t), so its Taylor
-radius at t = 0 is the modulus of the nearest complex zero of F (DESIGN.md section 2).
+radius at t = 0 is the modulus of the nearest complex zero of F (docs/mathematics.md section 2).
 
 - binary (exact): zeros t = (-delta + i pi (2m+1)) / Delta, radius sqrt(delta^2 + pi^2)/|Delta|;
 - ``pi``: |Im t| Delta_a < pi puts every term exp(i a_k Im t) in an open half-plane, so
@@ -18,7 +18,7 @@ Terms with equal slopes are merged (log-sum-exp of their z) before anything else
 radius uses the closed form when two distinct slopes remain, else the argument principle
 with certified sampling (winding of F on |t| = R, bisection on R from the lower bound), a
 time limit, and a Newton polish of the zero that must land in the verified bracket.
-Source: the "ghosts of softmax" abstract in seeds/abstracts.md; formulas checked in DESIGN.md.
+Source: the "ghosts of softmax" abstract in seeds/abstracts.md; formulas checked in docs/mathematics.md.
 """
 from __future__ import annotations
 
@@ -445,7 +445,7 @@ def radius_exact(z, a, tol: float = 1e-10, time_limit: float = 5.0) -> RadiusRes
     """Distance from 0 to the nearest zero of F(t) = sum_k exp(z_k + a_k t), verified.
 
     Equal slopes are merged (log-sum-exp of their z at 50 digits): one distinct slope means no
-    zero (inf), two give the exact binary closed form sqrt(delta^2 + pi^2)/|Delta| (DESIGN.md
+    zero (inf), two give the exact binary closed form sqrt(delta^2 + pi^2)/|Delta| (docs/mathematics.md
     section 2). Otherwise the radius is bracketed by certified zero counts (:func:`count_zeros`
     machinery): 0 zeros in |t| < lo (or lo = the rigorous lower bound), >= 1 in |t| < hi,
     bisected to relative width ``tol``; the zero is then polished by Newton (30 digits beyond

@@ -1,7 +1,7 @@
 """Top-k truncation certificates: tail mass, minimal certified k, gap and output-error bounds.
 
 P = softmax(s) over the keys of a row, H = the k largest scores, P̂ = P restricted to H and
-renormalised. Then (DESIGN.md §3, checked in tests/test_topk.py)
+renormalised. Then (docs/mathematics.md §3, checked in tests/test_topk.py)
 
 - TV(P, P̂) = τ_k = 1 - Σ_{i∈H} P_i (the tail mass), and τ_k = 1 - exp(-KL(P̂‖P));
 - Attn - Attn_k = τ(μ_T - μ_H) exactly (μ = P-weighted value means over tail / head), so
@@ -509,7 +509,7 @@ def output_error_bound(scores, values, k, *, backend: str = "auto") -> OutputErr
 
 # ----------------------------------------------------------------------------- Gaussian rule
 def gaussian_k_fraction(sigma, eps):
-    """k_ε/n ≈ Φ_c(σ + Φ^{-1}(ε)) for scores s = μ + σZ (n → ∞; DESIGN.md §3).
+    """k_ε/n ≈ Φ_c(σ + Φ^{-1}(ε)) for scores s = μ + σZ (n → ∞; docs/mathematics.md §3).
 
     Derivation: under P the tilted scores are N(μ + σ², σ²), so the P-mass below the
     threshold μ + σz is Φ(z - σ); setting it to ε gives z = σ + Φ^{-1}(ε), and the kept

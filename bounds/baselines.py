@@ -1,7 +1,7 @@
 """Baseline enclosures of c·softmax(s) over a score box, for comparison with Vertex-Softmax.
 
 Each relaxation bounds c·softmax(s) over the same box; all are sound but looser than the
-exact optimum. Forms as read in the sources (DESIGN.md §1):
+exact optimum. Forms as read in the sources (docs/mathematics.md §1):
 - naive interval arithmetic: p_i in [e^{l_i}/Σ_j e^{u_j}, e^{u_i}/Σ_j e^{l_j}], then c·p;
 - Shi et al. 2020 (Robustness Verification for Transformers): exp by tangent (at
   min((l+u)/2, l+0.99)) / chord, 1/x by tangent at the midpoint / chord, products e_i·r by

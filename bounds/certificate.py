@@ -3,7 +3,7 @@
 Claim (sense "upper"): c·softmax(s) <= V for all lower <= s <= upper. With y = e^{s - M}
 (any shift M) this is the linear statement Σ_i (c_i - V) y_i <= 0 for all y in the box
 [a, b] = [e^{l-M}, e^{u-M}], which holds iff S = Σ_i max((c_i - V) a_i, (c_i - V) b_i) <= 0
-(DESIGN.md §1). Sense "lower" checks c·softmax(s) >= V as the upper claim for -c and -V.
+(docs/mathematics.md §1). Sense "lower" checks c·softmax(s) >= V as the upper claim for -c and -V.
 
 Exactness: V is taken as an exact rational (int, float, Fraction, Decimal or str: never
 through float()), every float input is an exact rational, and the choice a_i or b_i follows

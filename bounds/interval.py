@@ -1,7 +1,7 @@
 """Elementwise enclosures of softmax over a score box (the case c = e_i of Vertex-Softmax).
 
 p_i ranges over [e^{l_i} / (e^{l_i} + Σ_{j≠i} e^{u_j}),  e^{u_i} / (e^{u_i} + Σ_{j≠i} e^{l_j})],
-both ends attained at vertices, so the interval is tight (DESIGN.md §1). Each end is
+both ends attained at vertices, so the interval is tight (docs/mathematics.md §1). Each end is
 1 / (1 + X·e^{M-x}) with Σ_{j≠i} e^{y_j} = X·e^{M}, X >= 1 computed from a shifted sum;
 rounding is bounded in the model of ``kernels.floating`` and applied outward.
 """

@@ -6,7 +6,7 @@ every y_i with c_i > λ* is at b_i and every y_i with c_i < λ* at a_i (threshol
 Sorting c descending, the candidates V_t put the t largest coefficients at their upper
 bound, t = 0..n; the maximum is max_t V_t, found with prefix/suffix sums in O(n log n).
 The minimum is -max with -c. Source: the Vertex-Softmax abstract (shared/seeds) and
-DESIGN.md §1, where the threshold theorem is checked.
+docs/mathematics.md §1, where the threshold theorem is checked.
 
 Soundness: the float sweep only *proposes* a value V. The returned upper bound λ >= V is
 *proved* by the linear certificate g(λ) = Σ_i max((c_i - λ) a_i, (c_i - λ) b_i) <= 0 (which

@@ -49,7 +49,7 @@ class Method:
     options: Mapping = field(default_factory=lambda: MappingProxyType({}))
 
 
-#: alpha-CROWN settings (the reference settings of DESIGN.md §6): Adam steps and rate
+#: alpha-CROWN settings (the reference settings of docs/mathematics.md §6): Adam steps and rate
 ALPHA_OPTIONS = MappingProxyType({"iterations": 20, "lr": 0.1})
 
 

@@ -8,7 +8,7 @@ formulas the torch reference uses, compiled here). The minimum is the
 maximum for -c, whose descending order is the reverse of c's, so one sort serves both.
 Rows run in parallel; no fastmath (it would void the error model).
 
-Sort-free route (``method="dinkelbach"``, the default; DESIGN.md §1): λ ← value of the vertex
+Sort-free route (``method="dinkelbach"``, the default; docs/mathematics.md §1): λ ← value of the vertex
 that puts {i : c_i > λ} at the upper bound, started from the all-upper vertex. Each step is
 one O(n) pass; in exact arithmetic the values increase strictly until a fixed point, and a
 fixed point is the optimum (g(λ) = 0 there). The iteration only proposes λ: the same
@@ -38,7 +38,7 @@ from softcert.kernels.threads import caller_threads
 #: weights below this take the robust path (a design threshold, not a rounding constant)
 FAST_PATH_MIN_WEIGHT = 2.0 ** -1000
 #: Dinkelbach passes before a row falls back to the sweep (a prototype needed <= 11 for
-#: n <= 512, median 1-3; DESIGN.md §1)
+#: n <= 512, median 1-3; docs/mathematics.md §1)
 MAX_PASSES = 40
 METHODS = ("dinkelbach", "sweep")
 NEG_INF = -np.inf
