@@ -67,9 +67,14 @@ def _hf_callback():
             self.guard.after_step()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs is not None and self.history:
-                logs["safestep_scale"] = self.guard.last_scale
-                logs["safestep_ratio"] = self.guard.last_ratio
+            if logs is None or not self.history:
+                return
+            metrics = {"safestep_scale": self.guard.last_scale, "safestep_ratio": self.guard.last_ratio}
+            logs.update(metrics)  # what the reporting callbacks after this one see
+            # Trainer.log has already appended a copy ({**logs, "step"}) to state.log_history
+            last = state.log_history[-1] if state.log_history else None
+            if last is not None and last.get("step") == state.global_step:
+                last.update(metrics)
 
         def on_train_end(self, args, state, control, **kwargs):
             if self.guard is not None:

@@ -84,11 +84,16 @@ def test_trainer_callback_binds_on_lr_spike(tmp_path):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1000.0 if s >= 3 else 1.0)
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=4,
                              gradient_accumulation_steps=2, report_to=[], save_strategy="no",
-                             logging_strategy="no", disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
-                             max_grad_norm=0.0)
+                             logging_strategy="steps", logging_steps=1, disable_tqdm=True, use_cpu=True,
+                             dataloader_num_workers=0, max_grad_norm=0.0)
     cb = SafeStepCallback()
-    Trainer(model=model, args=args, train_dataset=_dataset(), optimizers=(opt, sched), callbacks=[cb]).train()
+    trainer = Trainer(model=model, args=args, train_dataset=_dataset(), optimizers=(opt, sched), callbacks=[cb])
+    trainer.train()
     _check_history(cb.history)
+    # the metrics reach the Trainer's own log (issue 32: they used to reach only later callbacks)
+    logged = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logged) == 6 and all("safestep_scale" in e and "safestep_ratio" in e for e in logged)
+    assert [e["safestep_scale"] for e in logged] == [h.scale for h in cb.history]
 
 
 def test_callbacks_module_imports_no_framework():
