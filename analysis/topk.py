@@ -442,11 +442,15 @@ def _head_mask(s: torch.Tensor, kk: torch.Tensor) -> torch.Tensor:
 def output_error_bound(scores, values, k, *, backend: str = "auto") -> OutputErrorBound:
     """Error of top-k attention for scores (..., n) and values (..., n, d) (batch broadcast).
 
-    For shared values across queries pass values with a singleton query axis, e.g. scores
-    (L, H, Q, n) with values (L, H, 1, n, d).
+    Values shared by every query, as attention uses them (P·V): scores (..., Q, n) with values
+    (..., n, d) of the same rank, e.g. ``analysis.attention.extract_attention``'s (L, H, T, T)
+    and (L, H, T, d) as they are; they are read as (..., 1, n, d). Per-query values have one
+    axis more than the scores: (..., Q, n, d), or a singleton (..., 1, n, d).
     """
     s = validate_scores(scores)
     V = as_float64(values, "values")
+    if V.dim() == s.dim() >= 2:  # shared across the query axis: P·V
+        V = V.unsqueeze(-3)
     if V.dim() < 2 or V.shape[-2] != s.shape[-1]:
         raise ValueError(
             f"values: expected shape (..., {s.shape[-1]}, d), got {tuple(V.shape)}"

@@ -229,6 +229,25 @@ def test_output_error_identity_and_bounds(row, k, seed):
         assert exact <= float(b)
 
 
+def test_output_error_takes_attention_shaped_values_as_they_are(rng):
+    """extract_attention's per-sequence scores (L, H, T, T) and values (L, H, T, d) go in as
+    they are (issue 32: they were refused), meaning P·V: the same as the singleton query axis."""
+    s = torch.from_numpy(rng.standard_normal((2, 3, 6, 6)))
+    V = torch.from_numpy(rng.standard_normal((2, 3, 6, 4)))
+    res = topk.output_error_bound(s, V, 2)
+    ref = topk.output_error_bound(s, V.unsqueeze(-3), 2)
+    assert res.exact.shape == (2, 3, 6)
+    for a, b in zip((res.exact, res.diameter, res.norm), (ref.exact, ref.diameter, ref.norm)):
+        assert torch.equal(a, b)  # one computation on the same tensors, not two implementations
+    full = torch.softmax(s, -1) @ V  # the oracle: top-2 attention against full attention
+    idx = s.topk(2, dim=-1).indices
+    head = torch.zeros_like(s, dtype=torch.bool).scatter(-1, idx, True)
+    p = torch.softmax(s.masked_fill(~head, float("-inf")), -1)
+    exact = (full - p @ V).norm(dim=-1)
+    assert torch.allclose(res.exact, exact, rtol=1e-12, atol=1e-14)
+    assert (exact <= res.norm + 1e-15).all()
+
+
 def test_output_error_batched_shared_values(rng):
     s = torch.from_numpy(rng.standard_normal((2, 3, 5, 7)))
     s[..., 5:] = NINF
