@@ -132,6 +132,18 @@ def _register():
     AttentionMaskInterface.register(_IMPL, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
 
 
+#: files that hold a tokenizer's vocabulary (fast tokenizers, WordPiece, BPE, SentencePiece)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model")
+
+
+def _require_tokenizer_files(path: Path) -> None:
+    """Without a vocabulary file transformers builds a tokenizer of special tokens only, and
+    every word becomes [UNK] silently (issue 32): refuse the folder instead."""
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"model_dir: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                         "save it beside the model with tokenizer.save_pretrained(model_dir)")
+
+
 def load_model(model_dir=None, attn_implementation: str = _IMPL):
     """(model, tokenizer, config) from a local directory, offline; checks the architecture."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -153,6 +165,7 @@ def load_model(model_dir=None, attn_implementation: str = _IMPL):
     model = AutoModel.from_pretrained(
         path, local_files_only=True, attn_implementation=attn_implementation
     ).eval()
+    _require_tokenizer_files(path)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tok.pad_token is None:  # GPT-2 has none; pad on the right, masked anyway
         tok.pad_token = tok.eos_token

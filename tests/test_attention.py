@@ -88,6 +88,18 @@ def test_packed_passages_have_fixed_length():
     assert all(t[0] == "[CLS]" and t[-1] == "[SEP]" for t in at.tokens)
 
 
+def test_a_model_folder_without_a_tokenizer_is_refused(tmp_path):
+    """transformers would build a tokenizer of special tokens only and read every word as
+    [UNK] (issue 32); the folder is refused by name instead."""
+    import shutil
+
+    src = attention.default_model_dir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(src / name, tmp_path / name)
+    with pytest.raises(ValueError, match=r"model_dir: .* has no tokenizer .*save_pretrained"):
+        attention.load_model(tmp_path)
+
+
 def test_unsupported_architecture_fails_clearly(tmp_path):
     from transformers import DistilBertConfig
 
