@@ -722,7 +722,8 @@ class AttentionErrorBound:
     element of a row with n keys, head dimension d and tiles of ``block`` keys, given every
     score spread max_j s_j - s_j <= score_range (None: any) and every scaled absolute score
     Σ_i |q_i k_ji| / sqrt(d) <= qk_abs (None: the score term is left out, ``score_coeff``
-    is nan and ``coeff`` covers the softmax-and-value arithmetic only)."""
+    is None, ``coeff`` covers the softmax-and-value arithmetic only, and ``assumptions``
+    says that the scores are taken as exact)."""
 
     n: int
     d: int
@@ -733,7 +734,7 @@ class AttentionErrorBound:
     rho: float  # ρ̄: relative perturbation of the normaliser and of each value term
     fp_coeff: float  # the float arithmetic after the scores, per unit max |v|
     score_rel: float  # |ŝ - s| <= score_rel · qk_abs (+ (d + 2) q)
-    score_coeff: float  # the score rounding, per unit max |v|
+    score_coeff: float | None  # the score rounding, per unit max |v| (None: not covered)
     coeff: float
     abs_floor: float
     sum_roundings: int  # K
@@ -793,16 +794,19 @@ def attention_error_bound(n: int, d: int, block: int = 128, dtype: str = "float3
     else:
         fp = (2 * rho + 2 * a) * (1 + u) / (1 - rho - a) + u
     if qk_abs is None:
-        score = math.nan
+        score = None
         total = fp
     else:
         e = score_rel * float(qk_abs) + (d + 2) * q
         score = 2 * math.expm1(e) / (1 - math.expm1(e)) if math.expm1(e) < 0.5 else math.inf
         total = fp + score
     abs_floor = a * (1 + u) / (1 - rho - a) + q if rho + a < 0.5 else math.inf
+    assumptions = ATTENTION_ASSUMPTIONS if qk_abs is not None else (
+        ATTENTION_ASSUMPTIONS + "; the scores q k^T / sqrt(d) taken as exact (qk_abs not given: "
+        "their rounding is not covered)")
     return AttentionErrorBound(n, d, block, dtype, score_range, qk_abs, _up(rho), _up(fp),
-                               _up(score_rel), _up(score) if qk_abs is not None else math.nan,
-                               _up(total), _up(abs_floor), kk)
+                               _up(score_rel), None if score is None else _up(score),
+                               _up(total), _up(abs_floor), kk, assumptions)
 
 
 def _as_float32(x, name: str):

@@ -215,3 +215,16 @@ def test_fp_attention_command_small_run(tmp_path, capsys):
     assert res["violations"] == 0 and res["command"].startswith("softcert fp --attention")
     md = (tmp_path / "fp" / "attention_bounds.md").read_text()
     assert "| equal_scores | 96 | 64 |" in md and "block 32" in md
+
+
+def test_apriori_bound_without_qk_abs_says_what_it_leaves_out():
+    """No NaN in a result (issue 32): without qk_abs the score term is None and the
+    assumptions say the scores are taken as exact; with it, the term is finite and counted."""
+    import json
+
+    b = fp.attention_error_bound(1024, 64)
+    assert b.score_coeff is None and "taken as exact" in b.assumptions and math.isfinite(b.coeff)
+    assert "NaN" not in json.dumps(b.__dict__)
+    c = fp.attention_error_bound(1024, 64, qk_abs=5.0)
+    assert math.isfinite(c.score_coeff) and c.coeff >= b.coeff + c.score_coeff * (1 - 1e-12)
+    assert "taken as exact" not in c.assumptions
