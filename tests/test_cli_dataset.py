@@ -14,6 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import softcert.cli
 from softcert.cli import dataset
@@ -227,3 +229,62 @@ def test_bad_options_are_errors_naming_them(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "s.jsonl").exists()  # refused before any work
     assert softcert.cli.main(ARGS + ["--out", str(tmp_path), "--methods", "magic"]) == 2
     assert "--methods" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- store records validated
+ONE = dataset.Job(("digits-vit1",), (0.01,), ("ibp",), 1)
+
+
+def test_resume_recomputes_a_record_missing_its_result_fields(tmp_path, capsys):
+    # issue 27: such a record crashed --resume with TypeError: Record.__init__() missing 7 ...
+    from softcert.cli.store import Store
+
+    path = tmp_path / "s.jsonl"
+    with Store(path, ONE.key()) as s:
+        s.append({"kind": "result", "model": "digits-vit1", "index": 0, "eps": 0.01, "method": "ibp"})
+    res = dataset.run(ONE, path, resume=True, progress=False)
+    assert res.ran == 1 and res.skipped == 0
+    assert "line 2 skipped (field 'label' is missing)" in capsys.readouterr().err
+    (rec,) = res.evaluations["digits-vit1"].records
+    assert dataset.validate_result(dataset.record_to_json("digits-vit1", rec)) is None
+
+
+def test_a_run_with_other_settings_is_refused_by_the_store_of_another(tmp_path):
+    path = tmp_path / "s.jsonl"
+    dataset.run(ONE, path, progress=False)
+    kept = path.read_bytes()
+    other = dataset.Job(("digits-vit1",), (0.02,), ("ibp",), 1)
+    for resume in (False, True):
+        with pytest.raises(ValueError, match="--store: .* other parameters"):
+            dataset.run(other, path, resume=resume, progress=False)
+    assert path.read_bytes() == kept  # A's finished record is still there, and alone
+
+
+def _valid_record():
+    return {"kind": "result", "model": "digits-vit1", "index": 3, "eps": 0.01, "method": "crown", "label": 4,
+            "correct": True, "robust": True, "certified": True, "lower_margin": 0.5, "pgd_margin": 2.0,
+            "seconds": 0.1, "note": "", "class_margins": [0.5, 0.0, 1.0], "predicted": 4, "peak_mb": None}
+
+
+_junk = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(), st.text(max_size=3),
+                  st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
+
+
+@given(st.lists(st.tuples(st.sampled_from(sorted(_valid_record())), st.booleans(), _junk), max_size=4))
+@settings(max_examples=150, deadline=None)
+def test_validate_result_never_raises_and_what_it_accepts_loads(edits):
+    """Fields dropped or replaced by junk: validate_result names a reason or the record loads as
+    a certify.Record whose fields have their declared types (never a TypeError on --resume)."""
+    d = _valid_record()
+    for name, drop, value in edits:
+        if drop:
+            d.pop(name, None)
+        else:
+            d[name] = value
+    why = dataset.validate_result(d)
+    if why is None:
+        r = dataset.record_from_json(d)
+        assert isinstance(r.index, int) and isinstance(r.certified, bool) and isinstance(r.method, str)
+        assert not r.certified or (r.correct and r.lower_margin > 0)
+    else:
+        assert isinstance(why, str) and why

@@ -10,7 +10,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from softcert.cli import store
@@ -89,13 +89,16 @@ def test_invalid_final_line_with_newline_is_dropped(tmp_path):
     assert len(loaded.records) == 3 and loaded.dropped == len(b'{"kind": "result", "ind\n')
 
 
-def test_corrupt_line_before_the_end_is_an_error_naming_store(tmp_path):
+def test_corrupt_line_before_the_end_is_skipped_and_reported(tmp_path, capsys):
     path = _filled(tmp_path / "s.jsonl")
     lines = path.read_bytes().split(b"\n")
     lines[2] = lines[2][:10]
     path.write_bytes(b"\n".join(lines))
-    with pytest.raises(ValueError, match="--store: line 3 of"):
-        load(path)
+    loaded = load(path)
+    assert [r["index"] for r in loaded.records] == [0, 2] and loaded.skipped == ((3, "not a JSON object"),)
+    with Store(path, KEY, resume=True) as s:
+        assert [r["index"] for r in s.records] == [0, 2]
+    assert "line 3 skipped (not a JSON object)" in capsys.readouterr().err
     other = tmp_path / "other.jsonl"
     other.write_text('{"kind": "something else"}\n')
     with pytest.raises(ValueError, match="--store: .* not a softcert results store"):
@@ -104,8 +107,9 @@ def test_corrupt_line_before_the_end_is_an_error_naming_store(tmp_path):
 
 def test_resume_refuses_a_store_of_other_parameters(tmp_path):
     path = _filled(tmp_path / "s.jsonl")
-    with pytest.raises(ValueError, match="--resume: the store .* other parameters.*--store"):
-        Store(path, {**KEY, "eps": [0.02]}, resume=True)
+    for resume in (True, False):  # a fresh run must not discard another run's results either
+        with pytest.raises(ValueError, match="--store: .* 3 result.* other parameters.*pass another --store"):
+            Store(path, {**KEY, "eps": [0.02]}, resume=resume)
     assert len(load(path).records) == 3  # refused before touching the file
 
 
@@ -159,3 +163,105 @@ def test_any_byte_prefix_loads_as_a_prefix_of_the_records(records):
             complete = data[:k].count(b"\n")  # records are exactly the complete lines after the header
             assert n == max(0, complete - 1)
             assert got.size + got.dropped == k and (got.header is None) == (complete == 0)
+
+
+# ----------------------------------------------------------------------------- one run per store
+def test_second_writer_is_refused_while_the_first_holds_the_store(tmp_path):
+    # issue 27: run B opened the store of a running A, truncated it (A's image 0 was lost) and
+    # later resumed on A's records; the lock refuses B at once, naming the store
+    path = tmp_path / "s.jsonl"
+    key_b = {**KEY, "eps": [0.02]}
+    with Store(path, KEY) as a:
+        a.append(_record(0))
+        for key, resume in ((key_b, False), (key_b, True), (KEY, True)):
+            with pytest.raises(ValueError, match=f"--store: {path} is in use by another .*pass another --store"):
+                Store(path, key, resume=resume)
+        a.append(_record(1))
+    assert [r["index"] for r in load(path).records] == [0, 1]  # nothing of A was lost
+    with Store(path, KEY, resume=True) as again:  # closed: the lock is free again
+        assert len(again.records) == 2
+
+
+def test_lock_dies_with_the_process(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.jsonl"
+    code = ("import os, sys; from softcert.cli.store import Store; "
+            f"s = Store({str(path)!r}, {KEY!r}); os._exit(0)")  # exits without close
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with Store(path, KEY, resume=True) as s:
+        assert s.records == ()
+
+
+def test_records_of_another_run_are_skipped_never_reused(tmp_path, capsys):
+    # the mixed file of issue 27: B's run line, then a record A appended after B truncated it
+    path = tmp_path / "s.jsonl"
+    key_b = {**KEY, "eps": [0.02]}
+    with Store(path, key_b) as b:
+        b.append(_record(5))
+    with open(path, "ab") as f:
+        f.write(store._line({**_record(0), "run": store.run_digest(KEY)}))
+    loaded = load(path)
+    assert [r["index"] for r in loaded.records] == [5]
+    assert loaded.skipped[0][0] == 3 and "another run" in loaded.skipped[0][1]
+    with Store(path, key_b, resume=True) as s:
+        assert [r["index"] for r in s.records] == [5]
+    assert "line 3 skipped (a record of another run" in capsys.readouterr().err
+
+
+def test_edited_run_line_is_refused(tmp_path):
+    path = _filled(tmp_path / "s.jsonl")
+    lines = path.read_bytes().split(b"\n")
+    head = json.loads(lines[0])
+    head["key"]["eps"] = [0.5]  # the key edited, its digest not
+    lines[0] = json.dumps(head).encode()
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(ValueError, match="--store: .* digest does not match its key"):
+        load(path)
+
+
+def _validate(d):
+    ok = isinstance(d.get("index"), int) and not isinstance(d.get("index"), bool) and \
+        isinstance(d.get("lower_margin"), float) and d.get("verdict") == "certified"
+    return None if ok else "fields"
+
+
+_cut = st.sampled_from(["truncate", "drop", "type", "other-run", "garbage", "bytes"])
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), _cut, st.integers(1, 200), st.binary(max_size=8)), max_size=4))
+@settings(max_examples=80, deadline=None)
+def test_corrupted_store_lines_never_crash_and_are_never_reused(edits):
+    """Corrupt lines 2.. of a valid store (truncated JSON, a missing field, a wrong type, another
+    run's digest, garbage bytes): load never raises, returns only the untouched records, and
+    names every corrupted line."""
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(store.os, "fsync", lambda fd: None):
+        path = _filled(Path(tmp) / "s.jsonl", n=5)
+        lines = path.read_bytes().split(b"\n")[:-1]
+        bad = set()
+        for i, how, k, junk in edits:
+            n = i + 1  # a record line (0 is the run line)
+            if n + 1 in bad:
+                continue  # one corruption per line
+            rec = json.loads(lines[n])
+            if how == "truncate":
+                lines[n] = lines[n][: k % len(lines[n])]
+            elif how == "drop":
+                rec.pop(sorted(["index", "lower_margin", "verdict", "run"])[k % 4])
+                lines[n] = json.dumps(rec).encode()
+            elif how == "type":
+                rec[["index", "lower_margin", "verdict"][k % 3]] = [None, "1", True, {}][k % 4]
+                lines[n] = json.dumps(rec).encode()
+            elif how == "other-run":
+                lines[n] = json.dumps({**rec, "run": "0" * 16}).encode()
+            else:
+                lines[n] = junk.replace(b"\n", b"") or b"x" if how == "bytes" else b"[1, 2]"
+            bad.add(n + 1)
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        loaded = load(path, _validate)
+        good = [i for i in range(5) if i + 2 not in bad]
+        last_bad = 6 in bad  # a bad final line may also be read as a cut write and dropped
+        assert [r["index"] for r in loaded.records] == good
+        assert {ln for ln, _ in loaded.skipped} | ({6} if last_bad and loaded.dropped else set()) == bad
+        assert all(_validate(r) is None for r in loaded.records)

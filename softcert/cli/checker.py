@@ -4,7 +4,9 @@ one per summary section, and ``check_results`` over a whole results.json.
 Independence is deliberate: this module keeps its own constants (unit roundoff, FP formats,
 exp accuracy) and its own exact arithmetic (Fraction, mpmath intervals, argument principle)
 instead of importing ``bounds``, ``analysis`` or ``certify``, so that a bug there cannot
-vouch for itself. It shares only the record format (``softcert.cli.records``).
+vouch for itself. It shares only the record format (``softcert.cli.records``) and takes the
+names of ``certify.METHODS`` (a list of names, no computation): a verdict of any other method
+was not made by the verifier.
 
 JSON numbers are read exactly: integers stay integers, floats are their exact binary64 values
 (``Fraction(x)``); nothing is rounded through ``float()`` on the way to a decision.
@@ -32,25 +34,45 @@ whose ends are bracketed by exact rational binomial tails, and mean margins from
 medians from per-image lists; top-k means from integer totals; FP rows from the formula;
 feedback rows from their records), and the sealed manifest ties record counts to the
 settings, so deleting a record, a section or the digest table fails.
+
+Inputs (``check_inputs``): results.json names its model file and test data by SHA-256 and the
+corpus of image ids; they must agree with the model section and the settings (corpus = the
+first min(n_images, test-set size) images), and every verdict record must name a known method,
+an eps and a method of the settings, an image of the corpus, and carry the id these imply.
+Digests are unkeyed, so a consistent forger can still rewrite verdicts, eps or the model name:
+only re-running the verifier on the named, hash-checked model and data catches that
+(``softcert check --reverify``, softcert/cli/commands/check.py).
 """
 from __future__ import annotations
 
 import functools
 import json
 import math
+import re
 from fractions import Fraction
 
 import mpmath
 import numpy as np
 
-from softcert.cli.records import KINDS, SECTIONS, canonical, digest, ids_digest, record_counts, sha256
+from softcert.cli.records import (
+    FORMAT,
+    INPUTS,
+    KINDS,
+    SECTIONS,
+    canonical,
+    digest,
+    ids_digest,
+    record_counts,
+    sha256,
+)
 
 __all__ = ["CHECKERS", "exact", "as_float", "linear_max_sign", "vertex_claim_holds", "zero_count",
            "tail_mass_bounds", "fp_formula", "norm_upper_holds", "check_vertex", "check_radius", "check_topk",
            "check_fp", "check_feedback", "check_verdict", "check_record", "check_certify_section",
            "check_radii_section", "check_topk_section", "check_fp_section", "check_feedback_section",
            "check_appendix_section", "expected_counts", "check_manifest", "check_results",
-           "binomial_tail", "check_proportion_interval", "CI_TOL"]
+           "binomial_tail", "check_proportion_interval", "CI_TOL", "known_methods", "check_inputs",
+           "check_verdict_context"]
 
 U64 = 2.0 ** -53
 VERTEX_MAX_PREC = 1 << 16  # bits; a nonzero sum is decided well before this on float64 inputs
@@ -810,6 +832,11 @@ def check_manifest(results, certs) -> list:
         return fails + [("manifest", "the sealed manifest is missing")]
     if man.get("sha256") != digest(man):
         fails.append(("manifest", "digest mismatch: the manifest was changed after the report"))
+    if man.get("format") != FORMAT:
+        fails.append(("manifest", f"format {man.get('format')!r}, this checker reads {FORMAT} "
+                                  "(a report of another softcert version: re-run softcert report)"))
+    if man.get("inputs") != results.get("inputs"):
+        fails.append(("manifest", "inputs differ from the sealed inputs"))
     if man.get("sections") != list(SECTIONS):
         fails.append(("manifest", f"sections {man.get('sections')!r}, expected {list(SECTIONS)}"))
     for name in SECTIONS:
@@ -839,6 +866,94 @@ def check_manifest(results, certs) -> list:
     return fails
 
 
+# ----------------------------------------------------------------------------- inputs
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _hex(v) -> bool:
+    return isinstance(v, str) and _HEX64.fullmatch(v) is not None
+
+
+@functools.lru_cache(maxsize=1)
+def known_methods() -> frozenset:
+    """The method names ``softcert.certify`` runs (``certify.METHODS``)."""
+    from softcert.certify.methods import METHODS
+
+    return frozenset(METHODS)
+
+
+def _model_input_fails(m, model_sec) -> list:
+    if not (isinstance(m, dict) and isinstance(m.get("spec"), str) and isinstance(m.get("file"), str)
+            and _hex(m.get("sha256")) and (m.get("zoo") is None or isinstance(m["zoo"], str))):
+        return [("inputs", "model: expected spec, zoo, file and the SHA-256 of the file")]
+    label = m["spec"] if m["zoo"] is None else f"zoo:{m['zoo']}"
+    if model_sec.get("spec") != label:
+        return [("inputs", f"model {label!r} is not the model section's {model_sec.get('spec')!r}")]
+    return []
+
+
+def _data_input_fails(d, model_sec) -> list:
+    bundled = isinstance(d, dict) and d.get("spec") is None and d.get("file") is None and d.get("file_sha256") is None
+    own = isinstance(d, dict) and isinstance(d.get("spec"), str) and isinstance(d.get("file"), str) and \
+        _hex(d.get("file_sha256"))
+    if not ((bundled or own) and _is_int(d.get("size")) and d["size"] >= 1 and _hex(d.get("sha256"))):
+        return [("inputs", "data: expected spec, file and its SHA-256 (or all null: the bundled split), "
+                           "size >= 1 and the SHA-256 of the arrays")]
+    want = "bundled test split" if bundled else d["spec"]
+    if model_sec.get("data") != want:
+        return [("inputs", f"data {want!r} is not the model section's {model_sec.get('data')!r}")]
+    return []
+
+
+def check_inputs(results) -> list:
+    """The inputs name a model file and test data by SHA-256 and agree with the model section;
+    the corpus is the first min(n_images, size) images and the certify section covers it; the
+    settings name only methods softcert.certify runs."""
+    inp, st = results.get("inputs"), results.get("settings")
+    if not isinstance(inp, dict) or set(inp) != set(INPUTS):
+        return [("inputs", f"missing or malformed: a report names its {', '.join(INPUTS)} (re-run softcert report)")]
+    model_sec = results.get("model") if isinstance(results.get("model"), dict) else {}
+    fails = _model_input_fails(inp["model"], model_sec) + _data_input_fails(inp["data"], model_sec)
+    unknown = [m for m in st.get("methods", ())
+               if not isinstance(m, str) or m not in known_methods()] if isinstance(st, dict) else []
+    if unknown:
+        fails.append(("settings", f"unknown method(s) {unknown}: softcert.certify runs {sorted(known_methods())}"))
+    if fails or not isinstance(st, dict):
+        return fails
+    n = min(st["n_images"], inp["data"]["size"])
+    images = inp["corpus"].get("images") if isinstance(inp["corpus"], dict) else None
+    if images != list(range(n)):
+        shown = images if not isinstance(images, list) or len(images) <= 8 else f"{images[:8]}... ({len(images)})"
+        fails.append(("inputs", f"corpus images {shown} are not the first min(n_images, test-set size) = {n}"))
+    elif isinstance(results.get("certify"), dict) and results["certify"].get("images") != n:
+        fails.append(("section certify", f"images = {results['certify'].get('images')!r}, the corpus has {n}"))
+    return fails
+
+
+def check_verdict_context(rec, settings, images) -> str | None:
+    """A verdict against the manifest: a known method, an eps and a method of the settings, an
+    image of the corpus (``images``: a set, or None when the corpus is malformed), and the id
+    ``verdict/eps=E/METHOD/imageI`` these imply."""
+    meth, eps, image = rec.get("method"), rec.get("eps"), rec.get("image")
+    if not isinstance(meth, str) or meth not in known_methods():
+        return f"unknown method {meth!r} (softcert.certify runs {sorted(known_methods())})"
+    if isinstance(settings, dict) and (eps not in settings.get("eps", ()) or meth not in settings.get("methods", ())):
+        return f"eps {eps!r} / method {meth!r} are not among the manifest's settings"
+    if images is not None and (not _is_int(image) or image not in images):
+        return f"image {image!r} is not in the manifest's corpus"
+    if rec.get("id") != f"verdict/eps={eps}/{meth}/image{image}":
+        return f"id {rec.get('id')!r} does not name the record's eps, method and image"
+    return None
+
+
+def _corpus(results):
+    try:
+        images = results["inputs"]["corpus"]["images"]
+        return {i for i in images if _is_int(i)}
+    except (KeyError, TypeError):
+        return None
+
+
 # ----------------------------------------------------------------------------- driver
 def check_results(results: dict, progress: bool = False) -> list[tuple[str, str]]:
     """[(record id or section, reason)] for every failure (empty: everything checks)."""
@@ -846,6 +961,7 @@ def check_results(results: dict, progress: bool = False) -> list[tuple[str, str]
     if not isinstance(certs, list) or not certs:
         return [("certificates", "no certificate records in the file")]
     failures, seen, bad, by_id = [], set(), set(), {}
+    images = _corpus(results)
     it = certs
     if progress:
         from tqdm import tqdm
@@ -865,11 +981,20 @@ def check_results(results: dict, progress: bool = False) -> list[tuple[str, str]
             reason = "digest mismatch: the record was changed after the report"
             failures.append((rid, reason))
         why = check_record(rec)
+        if not why and rec.get("kind") == "verdict":
+            try:
+                why = check_verdict_context(rec, results.get("settings"), images)
+            except TypeError as exc:  # settings whose eps or methods are no list
+                why = f"cannot be compared with the settings ({exc})"
         if why:
             failures.append((rid, why))
         if why or reason:
             bad.add(rid)
     failures += check_manifest(results, [r for r in certs if isinstance(r, dict)])
+    try:
+        failures += check_inputs(results)
+    except (KeyError, TypeError, AttributeError) as exc:
+        failures.append(("inputs", f"malformed: {type(exc).__name__}: {exc}"))
     st = results.get("settings")
     sections = (
         ("certify", lambda: check_certify_section(

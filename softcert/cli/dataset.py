@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import socket
 import time
@@ -39,7 +40,8 @@ from softcert.cli import common
 from softcert.cli.store import Store
 from softcert.cli.store import load as load_store
 
-__all__ = ["Job", "RunResult", "add_arguments", "certify_sample", "load", "record_from_json", "record_to_json", "run"]
+__all__ = ["Job", "RunResult", "add_arguments", "certify_sample", "load", "record_from_json", "record_to_json", "run",
+           "validate_result"]
 
 _MODELS: dict = {}  # (spec, data) -> (model, x_test, y_test, label): one load per process
 
@@ -108,6 +110,59 @@ def record_to_json(model: str, r) -> dict:
     pgd = "misclassified" if not r.correct else ("none found" if r.robust else "counterexample")
     return {"kind": "result", "model": model, **d, "verdict": "certified" if r.certified else "not certified",
             "pgd": pgd}
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _nat(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+# field -> (test, what it must be): the store form of certify.Record (record_to_json)
+_FIELDS = {
+    "model": (lambda v: isinstance(v, str), "a string"),
+    "index": (_nat, "an integer >= 0"),
+    "eps": (lambda v: _num(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
+    "method": (lambda v: isinstance(v, str) and v in certify.METHODS, "a name in certify.METHODS"),
+    "label": (_nat, "an integer >= 0"),
+    "correct": (lambda v: isinstance(v, bool), "a boolean"),
+    "robust": (lambda v: isinstance(v, bool), "a boolean"),
+    "certified": (lambda v: isinstance(v, bool), "a boolean"),
+    "lower_margin": (lambda v: v is None or _num(v), "a number or null"),
+    "pgd_margin": (lambda v: v is None or _num(v), "a number or null"),
+    "seconds": (lambda v: _num(v) and v >= 0, "a number >= 0"),
+    "note": (lambda v: isinstance(v, str), "a string"),
+    "class_margins": (lambda v: v is None or (isinstance(v, list) and all(_num(x) for x in v)),
+                      "a list of numbers or null"),
+    "predicted": (lambda v: v is None or _nat(v), "an integer >= 0 or null"),
+    "peak_mb": (lambda v: v is None or _num(v), "a number or null"),
+}
+
+
+def validate_result(d: dict) -> str | None:
+    """Why ``d`` is no usable result record of the store (None: it is one), field by field.
+
+    Checks the kind, every field of ``certify.Record`` for presence and type, and the rules a
+    record of ``certify.evaluate`` obeys: a misclassified image is neither verified nor attacked
+    nor robust nor certified; a certified one is correct, robust and has a positive lower margin.
+    """
+    if d.get("kind") != "result":
+        return f"kind {d.get('kind')!r} is not 'result'"
+    for name, (ok, what) in _FIELDS.items():
+        if name not in d:
+            return f"field {name!r} is missing"
+        if not ok(d[name]):
+            return f"field {name!r} = {d[name]!r} is not {what}"
+    if not d["correct"] and (d["robust"] or d["certified"] or d["lower_margin"] is not None
+                             or d["pgd_margin"] is not None):
+        return "a misclassified image with a verdict, a margin or a PGD outcome"
+    if d["correct"] and (d["lower_margin"] is None or d["pgd_margin"] is None):
+        return "a correctly classified image without its lower or PGD margin"
+    if d["certified"] and not (d["robust"] and d["lower_margin"] > 0):
+        return "certified without PGD robustness and a positive lower margin"
+    return None
 
 
 def record_from_json(d: dict):
@@ -254,7 +309,7 @@ def run(job: Job, store_path, *, workers: int | None = None, scheduler: str | No
         _distributed()  # before any work: a missing extra is an error at once
     # the first n images, or the whole test set when it is smaller (as x[:n] gives)
     count = {spec: min(job.n, len(load(spec, job.data)[2])) for spec in job.models}
-    with Store(store_path, job.key(), resume=resume) as store:
+    with Store(store_path, job.key(), resume=resume, validate=validate_result) as store:
         done = {(d.get("model"), d.get("index"), float(d.get("eps", "nan")), d.get("method"))
                 for d in store.records if d.get("kind") == "result"}
         tasks = [(spec, i, _todo(job, done, spec, i)) for spec in job.models for i in range(count[spec])]
@@ -273,7 +328,7 @@ def run(job: Job, store_path, *, workers: int | None = None, scheduler: str | No
                 mode = f"scheduler {address}" if scheduler else f"local cluster ({workers} worker{'s' if workers != 1 else ''}) at {address}"
         finally:
             bar.close()
-    records = load_store(store_path).records
+    records = load_store(store_path, validate_result).records
     evaluations = {spec: _evaluation(job, spec, count[spec], records) for spec in job.models}
     return RunResult(evaluations, len(pending), len(tasks) - len(pending), str(store_path), mode)
 

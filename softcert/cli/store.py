@@ -3,19 +3,30 @@
 Line 1 is the run line ``{"kind": "run", "format", "run", "key", "software"}``: ``key`` is
 the command's parameters (the ones that decide the results), ``run`` their digest. Every
 later line is one result record carrying the same ``run`` digest and the ``software``
-versions. ``--resume`` reopens a store only when its key equals the new run's.
+versions. A store holds ONE run: opening it with another key is refused (with or without
+``--resume``) while it holds results, so two runs never mix and a new run never discards
+another run's work; a fresh run with the same key starts it afresh.
+
+One writer at a time: ``Store`` takes an exclusive ``fcntl.flock`` on the store file before
+reading it and holds it until ``close``; a second writer is refused at once. The kernel
+drops the lock with the process (a kill -9 leaves no stale lock).
+
+Records are validated on load, line by line: a line that is no JSON object, a record of
+another run (its ``run`` digest is not the header's) or one the caller's ``validate``
+refuses is skipped and reported by line number in ``Loaded.skipped``; it is never
+returned, so a resumed run computes that result again.
 
 Crash safety (kill -9 at any moment): a record is appended with ONE ``os.write`` of the
 whole line (newline included) on an ``O_APPEND`` descriptor, then ``fsync``; a record is
 committed once its newline is on disk. ``load`` drops a final line without its newline (or
-one that is not a JSON object), says so in ``Loaded.dropped``, and never parses a part of it;
-reopening for ``--resume`` truncates that fragment before appending. Any other unreadable
-line is corruption, not a crash, and raises. Source: POSIX ``write(2)`` on ``O_APPEND``
-files (each write goes to the end of file); the property test in tests/test_cli_store.py
-cuts a store at every byte and loads a prefix of its records.
+a final line that is not a JSON object), says so in ``Loaded.dropped``, and never parses a
+part of it; reopening for ``--resume`` truncates that fragment before appending. Source:
+POSIX ``write(2)`` on ``O_APPEND`` files (each write goes to the end of file); the property
+test in tests/test_cli_store.py cuts a store at every byte and loads a prefix of its records.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -55,55 +66,94 @@ def run_digest(key: dict) -> str:
 @dataclass(frozen=True)
 class Loaded:
     """A store as read from disk. ``header``: the run line (None: empty or cut inside it);
-    ``records``: the result records in file order; ``dropped``: bytes of a cut final line
-    that were ignored (0: the file ended on a complete record); ``size``: bytes kept."""
+    ``records``: the valid result records in file order; ``skipped``: (line number, reason) of
+    every line that was not returned (bad JSON, another run's record, refused by ``validate``);
+    ``dropped``: bytes of a cut final line that were ignored (0: the file ended on a complete
+    record); ``size``: bytes kept."""
 
     path: str
     header: dict | None
     records: tuple = field(repr=False)
     dropped: int
     size: int
+    skipped: tuple = ()
 
 
-def load(path) -> Loaded:
-    """Read a store. Raises ValueError (naming --store) on a corrupt line other than the last."""
+def _parse(raw: bytes):
+    try:
+        obj = json.loads(raw)
+    except ValueError:  # bad UTF-8 too (UnicodeDecodeError is a ValueError)
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _check_header(header, path) -> None:
+    if header is None or header.get("kind") != "run" or header.get("format") != FORMAT:
+        raise ValueError(f"--store: {path} is not a softcert results store (line 1 is no {FORMAT} run line); "
+                         "pass another --store, or delete the file")
+    key = header.get("key")
+    if not isinstance(key, dict) or header.get("run") != run_digest(key):
+        raise ValueError(f"--store: {path}: the run line's digest does not match its key (the line was edited); "
+                         "pass another --store, or delete the file")
+
+
+def _reason(obj, header, validate):
+    """Why a parsed line is no usable record of this store's run (None: it is one)."""
+    if obj is None:
+        return "not a JSON object"
+    if obj.get("run") != header["run"]:
+        return f"a record of another run ({obj.get('run')!r}, this store's run is {header['run']!r})"
+    return validate(obj) if validate is not None else None
+
+
+def load(path, validate=None) -> Loaded:
+    """Read a store; ``validate(record) -> reason or None`` refuses records field by field.
+
+    Raises ValueError (naming --store) only when line 1 is no run line of this format.
+    """
     path = Path(path)
     data = path.read_bytes() if path.exists() else b""
     end = data.rfind(b"\n") + 1
     lines = data[:end].split(b"\n")[:-1]
-    objs = []
-    for i, raw in enumerate(lines):
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            obj = None
-        if not isinstance(obj, dict):
-            if i == len(lines) - 1 and end == len(data):
-                # a final line that is no object: a cut write whose bytes reached the disk
-                # before the crash (a proper prefix of a JSON object is never an object)
-                end -= len(raw) + 1
-                break
-            raise ValueError(f"--store: line {i + 1} of {path} is not a JSON record; the store is corrupt "
-                             "(only its final line may be cut by a crash)")
-        objs.append(obj)
-    header = None
-    if objs:
-        header = objs[0]
-        if header.get("kind") != "run" or header.get("format") != FORMAT:
-            raise ValueError(f"--store: {path} is not a softcert results store (line 1 is no {FORMAT} run line)")
-    return Loaded(str(path), header, tuple(objs[1:]), len(data) - end, end)
+    objs = [_parse(raw) for raw in lines]
+    if objs and objs[-1] is None and end == len(data):
+        # a final line that is no object: a cut write whose bytes reached the disk before the
+        # crash (a proper prefix of a JSON object is never an object)
+        end -= len(lines[-1]) + 1
+        objs.pop()
+    if not objs:
+        return Loaded(str(path), None, (), len(data) - end, end)
+    header = objs[0]
+    _check_header(header, path)
+    records, skipped = [], []
+    for i, obj in enumerate(objs[1:], start=2):
+        why = _reason(obj, header, validate)
+        if why is None:
+            records.append(obj)
+        else:
+            skipped.append((i, why))
+    return Loaded(str(path), header, tuple(records), len(data) - end, end, tuple(skipped))
+
+
+def _warn(loaded: Loaded) -> None:
+    for line, why in loaded.skipped:
+        print(f"softcert: {loaded.path}: line {line} skipped ({why}); that result is computed again",
+              file=sys.stderr)
+    if loaded.dropped:
+        print(f"softcert: {loaded.path}: dropped a cut final line ({loaded.dropped} bytes) left by an "
+              "interrupted run; that result is computed again", file=sys.stderr)
 
 
 class Store:
-    """An open store of one run: ``Store(path, key, resume=...)``, then ``append(record)``.
+    """An open store of one run: ``Store(path, key, resume=..., validate=...)``, then ``append(record)``.
 
-    ``resume=False`` starts the file afresh (a new run replaces an old store at that path);
-    ``resume=True`` keeps its records when its key equals ``key`` (ValueError naming
-    --resume/--store otherwise) and cuts a crash-truncated final line. ``records``: what was
-    already there. Use as a context manager, or call ``close``.
+    Refuses (ValueError naming --store) a store locked by another writer, and a store holding
+    results of another key. ``resume=False`` starts the file afresh; ``resume=True`` keeps its
+    valid records (``records``), reports the skipped ones on stderr and cuts a crash-truncated
+    final line. Use as a context manager, or call ``close`` (which releases the lock).
     """
 
-    def __init__(self, path, key: dict, *, resume: bool = False):
+    def __init__(self, path, key: dict, *, resume: bool = False, validate=None):
         if not isinstance(key, dict):
             raise ValueError(f"key: expected a dict of the run's parameters, got {type(key).__name__}")
         self._fd = None
@@ -112,28 +162,38 @@ class Store:
         self.run = run_digest(key)
         self.software = software()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        old = load(self.path) if resume else None
-        if old is not None and old.header is not None and old.header.get("run") != self.run:
-            raise ValueError(
-                f"--resume: the store {self.path} was made with other parameters "
-                f"({json.dumps(old.header.get('key'), sort_keys=True)}) than this run "
-                f"({json.dumps(key, sort_keys=True)}); choose another --store or drop --resume")
-        if old is not None and old.dropped:
-            print(f"softcert: {self.path}: dropped a cut final line ({old.dropped} bytes) left by an "
-                  "interrupted run; that result is computed again", file=sys.stderr)
-        self.records = old.records if old is not None and old.header is not None else ()
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        self._fd = os.open(self.path, flags, 0o644)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            if self.records:
-                os.ftruncate(self._fd, old.size)
-            else:
-                os.ftruncate(self._fd, 0)
-                self._write({"kind": "run", "format": FORMAT, "run": self.run, "key": key,
-                             "software": self.software})
+            self._lock()
+            self.records = self._open(resume, validate)
         except BaseException:
-            os.close(self._fd)
+            self.close()
             raise
+
+    def _lock(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"--store: {self.path} is in use by another running softcert command (it holds "
+                             "the store's lock); wait for it to finish, or pass another --store") from None
+
+    def _open(self, resume: bool, validate) -> tuple:
+        """Check the store on disk against this run and set the file up for appending."""
+        old = load(self.path, validate)
+        if old.header is not None and old.header["run"] != self.run and old.records:
+            raise ValueError(
+                f"--store: {self.path} holds {len(old.records)} result(s) of a run with other parameters "
+                f"({json.dumps(old.header.get('key'), sort_keys=True)}) than this run "
+                f"({json.dumps(self.key, sort_keys=True)}); a store holds one run: pass another --store, "
+                "or delete that file to discard its results")
+        if resume and old.header is not None and old.header["run"] == self.run:
+            _warn(old)
+            os.ftruncate(self._fd, old.size)
+            return old.records
+        os.ftruncate(self._fd, 0)
+        self._write({"kind": "run", "format": FORMAT, "run": self.run, "key": self.key,
+                     "software": self.software})
+        return ()
 
     def _write(self, obj: dict) -> None:
         line = _line(obj)
@@ -154,7 +214,7 @@ class Store:
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
+            os.close(self._fd)  # closing the last descriptor releases the flock
             self._fd = None
 
     def __enter__(self):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from softcert import certify
-from softcert.cli.records import CONFIDENCE, clopper_pearson, seal
+from softcert.cli.records import CONFIDENCE, arrays_sha256, clopper_pearson, file_sha256, seal
 
 SEED = 0
 
@@ -375,6 +375,30 @@ def stage_feedback(kq, records: list):
                                     "(query = attention-weighted mix of the token queries); β = 1 is the model"}
 
 
+# ----------------------------------------------------------------------------- inputs
+def model_file(spec: str) -> tuple:
+    """(the file ``modelio.load_model(spec)`` reads, zoo name or None): a path that exists is
+    that file; any other spec is a zoo name, read from its checkpoint certify/zoo/NAME.pt."""
+    path = Path(spec)
+    if path.exists():
+        return path.resolve(), None
+    from softcert.certify.train import ZOO_DIR
+
+    return ZOO_DIR / f"{spec}.pt", spec
+
+
+def inputs_of(spec: str, data: str | None, xte, yte, n: int) -> dict:
+    """results.json["inputs"] (``softcert.cli.records.INPUTS``): the model file and the test set
+    by SHA-256, and the image ids the certify stage ran on (the first n)."""
+    path, zoo = model_file(spec)
+    dpath = None if data is None else Path(data).resolve()
+    return {"model": {"spec": spec, "zoo": zoo, "file": str(path), "sha256": file_sha256(path)},
+            "data": {"spec": data, "file": None if dpath is None else str(dpath),
+                     "file_sha256": None if dpath is None else file_sha256(dpath), "size": len(yte),
+                     "sha256": arrays_sha256(xte, yte)},
+            "corpus": {"images": list(range(n))}}
+
+
 # ----------------------------------------------------------------------------- driver
 def settings_for(args) -> Settings:
     if args.tiny:
@@ -410,6 +434,7 @@ def run(args) -> int:
         ev = dataset.run(job, Path(args.store) if args.store else out / "certify-store.jsonl",
                          workers=args.workers, scheduler=args.scheduler, resume=args.resume).evaluations[args.model]
         res["certify"] = stage_certify(model, x[: st.n_images], y[: st.n_images], st, records, ev=ev)
+        res["inputs"] = inputs_of(args.model, args.data, xte, yte, res["certify"]["images"])
     with timer("radii"):
         res["radii"] = stage_radii(model, x, y, st, records)
     att = certify.attention_scores(model, x[: max(8, st.n_images)])
