@@ -1,8 +1,12 @@
 """PGD on the margin (Madry et al. 2018) with random restarts: the falsification side.
 
 Each step moves x by eps/4 · sign(∇) of the worst margin loss -min_{j≠y}(z_y - z_j),
-projected onto the L∞ ball clipped to the input domain. Any point found with a margin < 0 is a counterexample
-(VNN-COMP "sat"); a sample is "unsat" only when a sound method certified it.
+projected onto the points of the L∞ ball, clipped to the input domain, as written (x and eps
+the given floats taken exactly: ``spec.inner_box``; the outward-rounded ``input_box`` is for
+bounding only). PGD runs on a float64 copy; a point is a counterexample (VNN-COMP "sat") only
+once ``confirm`` holds: rounded to the model's own dtype it lies in the ball (exact
+rationals, ``spec.in_ball``) and the model itself, in that dtype, gives some z_j > z_y. A
+sample is "unsat" only when a sound method certified it.
 """
 from __future__ import annotations
 
@@ -11,11 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from softcert.certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, input_box
+from softcert.certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, in_ball, inner_box
 from softcert.certify.trace import Logits
 
 
-def _dtype(model):
+def model_dtype(model):
+    """The dtype the model computes in: its first parameter's (or floating buffer's)."""
     # a parameter-free module (e.g. a GraphModule keeps its weights as buffers) has the dtype
     # of its buffers; float32 there would evaluate margins at rounded inputs
     t = next(iter(model.parameters()), None)
@@ -26,7 +31,7 @@ def _dtype(model):
 
 def logits(model, x):
     """The model's logits (B, K) as float64, evaluated in the model's dtype."""
-    z = Logits(model)(x.to(_dtype(model)))
+    z = Logits(model)(x.to(model_dtype(model)))
     return z.reshape(z.shape[0], -1).to(torch.float64)
 
 
@@ -36,9 +41,11 @@ def margins(model, x, label):
     return z.gather(1, label[:, None]) - z
 
 
-def pgd(model, x, label, eps, steps=40, restarts=2, step=None, seed=0, domain=DOMAIN):
-    """Worst (smallest) margins found by PGD: returns (x_adv (B,...), margins (B, K))."""
-    lo, hi = input_box(x, eps, domain)
+def pgd(model, x, label, eps, steps=40, restarts=2, step=None, seed=0, domain=DOMAIN, box=None):
+    """Worst (smallest) margins found by PGD: returns (x_adv (B,...), margins (B, K)). Steps
+    are projected onto ``box`` (lo, hi), by default the float64 points of the ball as
+    written (``spec.inner_box``)."""
+    lo, hi = inner_box(x, eps, domain) if box is None else box
     step = eps / 4 if step is None else step
     gen = torch.Generator().manual_seed(seed)
     best_x, best_m = x.clone(), margins(model, x, label).detach()
@@ -61,13 +68,29 @@ def pgd(model, x, label, eps, steps=40, restarts=2, step=None, seed=0, domain=DO
     return best_x.detach(), best_m
 
 
+def confirm(model, point, x, label, eps, domain=DOMAIN, box=None):
+    """The counterexample, or None: ``point`` (1, ...) rounded to the model's dtype and moved
+    into ``box`` (that dtype's points of the ball, ``spec.inner_box``; computed when None),
+    when it lies in the ball as written (exact rationals) and the model itself, in its own
+    dtype, gives z_j > z_y for some j (as a float64 tensor of the rounded point)."""
+    dtype = model_dtype(model)
+    lo, hi = inner_box(x, eps, domain, dtype) if box is None else box
+    xd = torch.minimum(torch.maximum(point.to(dtype).double(), lo), hi)
+    if not in_ball(xd, x, eps, domain):
+        return None  # the dtype has no point there (lo > hi) or the box was not the ball's
+    with torch.no_grad():
+        m = margins(model, xd, label)  # exact signs: the model's own outputs, compared
+    m[:, label] = torch.inf
+    return xd if bool((m < 0).any()) else None
+
+
 @dataclass(frozen=True)
 class AttackResult:
     """Per-sample verdicts: 'unsat' (certified), 'sat' (counterexample found), 'unknown'."""
 
     status: tuple
-    min_margin: torch.Tensor  # smallest PGD margin min_{j≠y} (B,)
-    x_adv: torch.Tensor
+    min_margin: torch.Tensor  # smallest PGD margin min_{j≠y} (B,), of the float64 copy in the ball
+    x_adv: torch.Tensor  # PGD's point; for "sat", the confirmed one (the model's dtype, in the ball)
     eps: float
     method: str = "pgd"
     domain: tuple = DOMAIN
@@ -89,17 +112,22 @@ def attack(model, x, label, eps, steps=40, restarts=2, certified=None, seed=0, *
     eps = check_eps(eps)
     x = check_images(model, x, domain)
     model64 = copy.deepcopy(model).double().eval()  # margins in float64, like the bounds
+    own = copy.deepcopy(model).eval()  # the model in its own dtype, to confirm
     with torch.no_grad():
         classes = logits(model64, x[:1]).shape[1]
     label = check_labels(label, x.shape[0], classes)
-    xa, m = pgd(model64, x, label, eps, steps, restarts, seed=seed, domain=domain)
+    box = inner_box(x, eps, domain, model_dtype(own))  # points PGD may return: the model's dtype
+    xa, m = pgd(model64, x, label, eps, steps, restarts, seed=seed, domain=domain, box=box)
     other = torch.ones_like(m, dtype=torch.bool)
     other[torch.arange(len(label)), label] = False
     mm = torch.where(other, m, torch.inf).min(1).values
     cert = torch.zeros(len(label), dtype=torch.bool) if certified is None else torch.as_tensor(certified)
-    status = []
-    for c, v in zip(cert.tolist(), mm.tolist()):
+    status, xs = [], []
+    for b, (c, v) in enumerate(zip(cert.tolist(), mm.tolist())):
+        cex = None if v >= 0 else confirm(own, xa[b:b + 1], x[b:b + 1], label[b:b + 1], eps, domain,
+                                         (box[0][b:b + 1], box[1][b:b + 1]))
         if c and v < 0:
             raise RuntimeError("soundness violation: a certified sample was falsified")
-        status.append("unsat" if c else ("sat" if v < 0 else "unknown"))
-    return AttackResult(tuple(status), mm, xa, eps, domain=domain)
+        status.append("unsat" if c else ("sat" if cex is not None else "unknown"))
+        xs.append(xa[b:b + 1] if cex is None else cex)
+    return AttackResult(tuple(status), mm, torch.cat(xs), eps, domain=domain)

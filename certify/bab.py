@@ -20,8 +20,10 @@ With ``vertex=True`` (off by default), Vertex-Softmax intervals enter the root b
 (``vertex_pv``) bound P·V in a leaf whenever they beat McCormick (the max of both is kept);
 on mnist-vit1 no leaf had Vertex win and its root took 17 s per sample against 2 s
 (docs/certify/bab.notes.md). Falsification: PGD with restarts, and PGD started at each
-leaf's worst point (the minimiser over the box of the leaf's linear lower bound); a counterexample counts only
-after a plain float64 forward pass of the model confirms it.
+leaf's worst point (the minimiser over the box of the leaf's linear lower bound), both
+projected onto the ball's points of the model's dtype (``spec.inner_box``; the bounds use the
+outward ``input_box``); a counterexample counts only once ``attack.confirm`` holds: in the
+ball as written (exact rationals) and z_j > z_y from the model itself in its own dtype.
 """
 from __future__ import annotations
 
@@ -35,8 +37,17 @@ from dataclasses import dataclass, field
 import torch
 
 from softcert.certify import crown
-from softcert.certify.attack import margins, pgd
-from softcert.certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, input_box, margin_spec
+from softcert.certify.attack import confirm, margins, model_dtype, pgd
+from softcert.certify.spec import (
+    DOMAIN,
+    check_domain,
+    check_eps,
+    check_images,
+    check_labels,
+    inner_box,
+    input_box,
+    margin_spec,
+)
 
 #: the root's intermediate bounds: those of ``crown.propagate``, or "auto" ("full", then
 #: "alpha" once the root is left open and the first attacks fail)
@@ -55,14 +66,14 @@ STATUSES = ("certified", "falsified", "unknown")
 ASSUMPTIONS = ("certified: every BaB leaf proved by certify.crown bounds (the arithmetic of "
                "certify.crown.ARITHMETIC) on the float64 real-arithmetic traced graph; leaves cover the input "
                "box by construction (split [lo, hi] at p into [lo, p] and [p, hi]). falsified: a point of the "
-               "box whose margin is < 0 in a plain float64 forward pass of the model. unknown: neither within "
-               "the time budget.")
+               "model's dtype in the ball as written (exact rationals; x and eps the given floats) where the "
+               "model itself, in its own dtype, gives some z_j > z_y. unknown: neither within the time budget.")
 
 
 @dataclass(frozen=True)
 class BabVerdict:
     """One sample's verdict. ``status`` in STATUSES; ``counterexample``: the input (model
-    input shape) where the model's float64 margin is < 0 (falsified only); ``lower_margin``
+    input shape) where the model, in its own dtype, has a margin < 0 (falsified only); ``lower_margin``
     (K,): certified lower bounds of z_y - z_j over the whole box (min over the final leaves;
     0 at j = y); ``leaves``: leaves bounded; ``vertex_leaves``: of those, leaves where the
     Vertex-Softmax P·V bound beat McCormick."""
@@ -300,7 +311,7 @@ class _Engine:
         most sensitive to (``crown.most_sensitive``; the groups' rows share the one box)."""
         C, _ = self._spec(groups)
         flat = lambda t: t.reshape(1, -1, *t.shape[2:])  # noqa: E731
-        alphas = {k: flat(a) for k, a in alpha.items() if isinstance(k, int)}
+        alphas = {k: flat(a) for k, a in (alpha or {}).items() if isinstance(k, int)}  # None: no slopes
         return crown.most_sensitive(self.root, self.g.output, flat(C), list(self.feeds), ROOT_OPTIMISED,
                                     alphas or None)
 
@@ -445,8 +456,9 @@ class _Engine:
                 cex = falsify(worst[[lf.group for _, _, lf in heap]])
             if cex is not None:
                 return self._outcome(proved, lower, cex, False, heap, final)
-        if heap and self.intermediate == "auto" and time.monotonic() < deadline:
-            # the root is open and no attack broke it: optimise its intermediate bounds (each
+        if heap and self.intermediate == "auto" and self.feeds and time.monotonic() < deadline:
+            # the root is open and no attack broke it (and some neuron can be split, so there are
+            # intermediate bounds to optimise): optimise its intermediate bounds (each
             # within the "full" ones), then bound the open groups' roots again on them
             groups = [lf.group for _, _, lf in heap]
             chosen = self._sensitive(groups, self._warm_start([lf.alpha for _, _, lf in heap]))
@@ -577,21 +589,14 @@ def _attack_from(model64, starts, label, lo, hi, eps, steps=20):
     return x[int(w.argmin())].detach() if (w < 0).any() else None
 
 
-def _confirmed(model64, x, label):
-    """x (1, ...) is a counterexample iff a plain float64 forward pass gives some z_j > z_y."""
-    with torch.no_grad():
-        m = margins(model64, x, label)
-    m[0, label] = torch.inf
-    return bool((m < 0).any())
-
-
 def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack=True, batch=16, alpha_steps=4,
            restarts=2, steps=40, seed=0, max_leaves=1_000_000, refine=0, beta=True,
            intermediate="auto") -> BabResult:
     """Three-valued verdicts for ``model`` at inputs ``x`` (B, ...) with labels ``label`` over
     the L∞ ball of radius ``eps`` clipped to ``domain``, each sample within ``timeout``
     seconds: certified (every margin z_y - z_j proved positive on every leaf), falsified
-    (a counterexample confirmed in float64) or unknown. ``vertex``: Vertex-Softmax intervals
+    (a counterexample in the ball confirmed on the model in its own dtype) or unknown; a model
+    with one logit is certified (no other class). ``vertex``: Vertex-Softmax intervals
     at the root and P·V bounds in the leaves (method name "bab-vertex"; default off, "bab");
     ``attack``: falsification alongside (PGD with ``restarts`` x ``steps``, then
     from leaves' worst points); ``beta``: split constraints enter the leaves' bounds with
@@ -611,16 +616,22 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack
     x = check_images(model, x, domain)
     graph = graph_of(model, x)
     model64 = copy.deepcopy(model).double().eval()
+    own = copy.deepcopy(model).eval()  # the model in its own dtype: counterexamples are confirmed on it
     out = graph.nodes[graph.output].shape
     classes = int(torch.tensor(out[1:]).prod()) if len(out) > 1 else 1
     label = check_labels(label, x.shape[0], classes)
-    lo, hi = input_box(x, eps, domain)
+    lo, hi = input_box(x, eps, domain)  # outward: for the bounds
+    plo, phi = inner_box(x, eps, domain, model_dtype(own))  # the ball's points of the model's dtype: for attacks
     name = "bab-vertex" if vertex else "bab"
     verdicts = []
     for b in range(x.shape[0]):
         t0 = time.monotonic()
         deadline = t0 + float(timeout)
         lab = label[b:b + 1]
+        if classes == 1:
+            # no other class: the margin specification is empty, so it holds (as crown answers)
+            verdicts.append(BabVerdict("certified", None, torch.zeros(1, dtype=torch.float64), 0.0, 0, name))
+            continue
         C = margin_spec(lab, classes).reshape(classes, *out)
         keep = [j for j in range(classes) if j != int(lab)]
         gen_seed = seed + b
@@ -628,14 +639,15 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack
         def falsify(starts, b=b, lab=lab, deadline=deadline, gen_seed=gen_seed):
             if not attack or time.monotonic() > deadline:
                 return None
+            box = (plo[b:b + 1], phi[b:b + 1])
             if starts is None:
-                xa, m = pgd(model64, x[b:b + 1], lab, eps, steps, restarts, seed=gen_seed, domain=domain)
+                xa, m = pgd(model64, x[b:b + 1], lab, eps, steps, restarts, seed=gen_seed, domain=domain, box=box)
                 m[0, lab] = torch.inf
                 found = xa if bool((m < 0).any()) else None
             else:
-                found = _attack_from(model64, starts.squeeze(1), lab, lo[b:b + 1], hi[b:b + 1], eps)
+                found = _attack_from(model64, starts.squeeze(1), lab, *box, eps)
                 found = None if found is None else found.unsqueeze(0)
-            return found if found is not None and _confirmed(model64, found, lab) else None
+            return None if found is None else confirm(own, found, x[b:b + 1], lab, eps, domain, box)
 
         res = branch_and_bound(graph, lo[b:b + 1].unsqueeze(1), hi[b:b + 1].unsqueeze(1), C[keep],
                                torch.zeros(len(keep)), torch.arange(len(keep)), deadline=deadline,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -145,6 +146,54 @@ def input_box(x, eps, domain=DOMAIN):
     lo = torch.clamp(lo, min=domain[0])
     hi = torch.clamp(hi, max=domain[1])
     return torch.minimum(lo, x), torch.maximum(hi, x)
+
+
+def _ball_end(x, eps, sign):
+    """The float64 nearest x + sign·eps on the inside: the smallest float >= x - eps (sign
+    -1) or the largest <= x + eps (sign +1), exactly. s = fl(x ± eps) and its error e
+    (x ± eps = s + e, Knuth's TwoSum, exact without overflow) say on which side s lies."""
+    b = sign * torch.as_tensor(eps, dtype=torch.float64)
+    s = x + b
+    bp = s - x
+    e = (x - (s - bp)) + (b - bp)
+    outside = e > 0 if sign < 0 else e < 0
+    s = torch.where(outside, torch.nextafter(s, torch.full_like(s, -sign * torch.inf)), s)
+    big = torch.finfo(torch.float64).max  # x ± eps beyond the float range: the last float
+    return torch.where(torch.isinf(s), torch.full_like(s, -big if sign < 0 else big), s)
+
+
+def inner_box(x, eps, domain=DOMAIN, dtype=torch.float64):
+    """The points of ``dtype`` in the ball as written: [x - eps, x + eps] ∩ domain in exact
+    real arithmetic (x, eps, domain: the given floats, taken exactly), each end rounded
+    inward to ``dtype`` (then returned as float64). Where no ``dtype`` value lies in range,
+    lo > hi. Attacks move in this box; ``input_box`` (outward) is the one to bound."""
+    x = torch.as_tensor(x, dtype=torch.float64)
+    lo, hi = _ball_end(x, eps, -1), _ball_end(x, eps, 1)
+    if domain is not None:
+        lo, hi = torch.clamp(lo, min=float(domain[0])), torch.clamp(hi, max=float(domain[1]))
+    if dtype == torch.float64:
+        return lo, hi
+    lo_d, hi_d = lo.to(dtype), hi.to(dtype)
+    # float64 -> dtype rounds to nearest; a step back inward where that went outside
+    lo_d = torch.where(lo_d.double() < lo, torch.nextafter(lo_d, torch.full_like(lo_d, torch.inf)), lo_d)
+    hi_d = torch.where(hi_d.double() > hi, torch.nextafter(hi_d, torch.full_like(hi_d, -torch.inf)), hi_d)
+    return lo_d.double(), hi_d.double()
+
+
+def in_ball(point, x, eps, domain=DOMAIN) -> bool:
+    """Does ``point`` (one input, any float dtype) lie in the ball as written,
+    |point - x| <= eps and inside ``domain``, compared in exact rationals of the floats?"""
+    p = torch.as_tensor(point).double().reshape(-1).tolist()
+    c = torch.as_tensor(x).double().reshape(-1).tolist()
+    if len(p) != len(c) or not all(math.isfinite(v) for v in p):
+        return False
+    r = Fraction(float(eps))
+    lo, hi = (None, None) if domain is None else (Fraction(float(domain[0])), Fraction(float(domain[1])))
+    for v, m in zip(p, c):
+        q, m = Fraction(v), Fraction(m)
+        if abs(q - m) > r or (lo is not None and not lo <= q <= hi):
+            return False
+    return True
 
 
 def margin_spec(label, classes, dtype=torch.float64):

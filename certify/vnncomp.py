@@ -8,12 +8,14 @@
   exactly over the score box (Vertex-Softmax, ``bounds.vertex_softmax``) and uses the
   output's interval intersected with its exact Vertex-Softmax interval. Boxes not proved are bisected on their
   widest input (at most ``max_boxes`` boxes per region).
-- "sat": PGD (sign steps, random restarts, inside the box; 8 x 40 steps on a region, 2 x 10 on
-  each part of a split) finds x whose float64 forward
-  through the graph satisfies a disjunct; x is rounded into the box at the model's input
-  precision and re-checked by a plain forward pass of the ONNX model itself (onnx's
-  reference evaluator, in the model's own dtype). The counterexample carries that x and the
-  ONNX model's y.
+  A strict row (mat_r·Y < rhs_r) is proved by a lower bound >= rhs_r.
+- "sat": PGD (sign steps, random restarts; 8 x 40 steps on a region, 2 x 10 on each part of
+  a split) on the float64 graph, inside the points of the model's input dtype that lie in
+  the box as written (``Region.inner_box``), finds x whose forward satisfies a disjunct; x,
+  rounded to that dtype and kept in that box, is confirmed only when the ONNX model itself,
+  run by onnxruntime in its own dtype, gives y satisfying the property as written: exact
+  rationals of x against the box (``Region.contains``) and of y against the rows, strict
+  rows strict (``Region.satisfied_exactly``). The counterexample carries that x and y.
 - "timeout" when the time budget runs out first, "unknown" otherwise.
 Method "bab" decides each region with the branch-and-bound engine of ``certify.verify(...,
 method="bab")`` (``certify.bab.branch_and_bound``: splits on nonlinear neurons instead of
@@ -30,7 +32,7 @@ from fractions import Fraction
 
 import numpy as np
 import torch
-from onnx import helper, reference
+from onnx import helper
 
 from softcert.bounds import vertex_softmax
 from softcert.certify import bab, crown
@@ -62,8 +64,10 @@ class Verdict:
 
 
 ASSUMPTIONS = ("unsat: the verifier's bounds (certify.crown arithmetic: float64 widened by a relative "
-               "1e-9, not directed rounding) on the float64 real-arithmetic graph of the ONNX model; "
-               "sat: a concrete input re-checked on the ONNX model in its own dtype")
+               "1e-9, not directed rounding) on the float64 real-arithmetic graph of the ONNX model, over the "
+               "property's float64 reading (box outward, strict rows closed); sat: a concrete input of the model's "
+               "dtype inside the box as written, whose onnxruntime output satisfies the property as written "
+               "(exact rationals, strictness kept)")
 
 
 class _Timeout(Exception):
@@ -116,21 +120,46 @@ def _np_dtype(network):
     return np.dtype(helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type))
 
 
-def _into_box(x, lo, hi, dtype):
-    """x rounded to ``dtype`` and moved inside [lo, hi] (one representable step at a time)."""
-    r = x.astype(dtype)
-    low = r.astype(np.float64) < lo
-    r[low] = np.nextafter(r[low], np.array(np.inf, dtype=dtype))
-    high = r.astype(np.float64) > hi
-    r[high] = np.nextafter(r[high], np.array(-np.inf, dtype=dtype))
-    return r
+class _Runtime:
+    """The ONNX model itself, run by onnxruntime in its own input dtype (the session is made
+    on first use, from the model's bytes), and each region's attack box: the points of that
+    dtype inside the box as written (``Region.inner_box``), or None when there are none."""
+
+    def __init__(self, network):
+        self.network, self.dtype, self.session, self.boxes = network, _np_dtype(network), None, {}
+        self.floating = self.dtype.kind == "f" and self.dtype.itemsize in (2, 4, 8)
+
+    def box(self, region):
+        if id(region) not in self.boxes:
+            self.boxes[id(region)] = region.inner_box(self.dtype) if self.floating else None
+        return self.boxes[id(region)]
+
+    def run(self, x) -> np.ndarray | None:
+        """The model's output at x (in ``dtype``), flat and as computed, or None when
+        onnxruntime cannot run the model (then nothing is confirmed)."""
+        import onnxruntime as ort
+
+        try:
+            if self.session is None:
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = 1
+                self.session = ort.InferenceSession(self.network.model.SerializeToString(), opts,
+                                                    providers=["CPUExecutionProvider"])
+            out = self.session.run([self.network.output_name],
+                                   {self.network.input_name: x.reshape(self.network.input_shape)})[0]
+        except Exception:  # noqa: BLE001 - onnxruntime's errors have many types: no confirmation
+            return None
+        return np.asarray(out).reshape(-1)
 
 
 def onnx_output(network: OnnxNetwork, x) -> np.ndarray:
-    """The ONNX model's own output at x (flat), by onnx's reference evaluator, flattened."""
-    x = np.asarray(x).reshape(network.input_shape).astype(_np_dtype(network))
-    ev = reference.ReferenceEvaluator(network.model)
-    return np.asarray(ev.run([network.output_name], {network.input_name: x})[0], dtype=np.float64).reshape(-1)
+    """The ONNX model's own output at x (flat, cast to its input dtype), by onnxruntime,
+    flattened and converted exactly to float64; ValueError when onnxruntime cannot run it."""
+    rt = _Runtime(network)
+    y = rt.run(np.asarray(x).astype(rt.dtype))
+    if y is None:
+        raise ValueError("network: onnxruntime cannot run the ONNX model")
+    return y.astype(np.float64)
 
 
 def _violation(y, region):
@@ -145,27 +174,33 @@ def _violation(y, region):
     return torch.stack(out, -1).min(-1).values
 
 
-def _attack(network, region, lo, hi, deadline, gen, restarts=8, steps=40, starts=None):
-    """A counterexample (x, y) in [lo, hi] checked on the ONNX model, or None. ``starts``
-    (P, n): start points (default: the centre and random points)."""
+def _attack(rt, region, lo, hi, deadline, gen, restarts=8, steps=40, starts=None):
+    """A counterexample (x, y) confirmed by ``_check``, or None. PGD on the float64 graph
+    within [lo, hi] intersected with the region's attack box (points of the box as written).
+    ``starts`` (P, n): start points (default: the centre and random points)."""
+    inner = rt.box(region)
+    if inner is None:
+        return None  # no input of the model's dtype lies in the box as written
+    lo, hi = np.maximum(lo, inner[0].astype(np.float64)), np.minimum(hi, inner[1].astype(np.float64))
+    if np.any(lo > hi):
+        return None
     n = lo.shape[0]
     lo_t, hi_t = torch.as_tensor(lo, dtype=F64), torch.as_tensor(hi, dtype=F64)
     width = hi_t - lo_t
     if starts is None:
         x = lo_t + width * torch.rand(restarts, n, dtype=F64, generator=gen)
-        x[0] = (lo_t + hi_t) / 2
+        x[0] = lo_t + width / 2
     else:
         x = torch.minimum(torch.maximum(torch.as_tensor(starts, dtype=F64).reshape(-1, n), lo_t), hi_t)
         restarts = x.shape[0]
     step = 2.5 * width / steps
-    dtype = _np_dtype(network)
     for k in range(steps + 1):
         if time.monotonic() > deadline:
             raise _Timeout
         x = x.detach().requires_grad_(True)
-        v = _violation(forward(network, x).reshape(restarts, -1), region)
+        v = _violation(forward(rt.network, x).reshape(restarts, -1), region)
         for i in torch.nonzero(v <= 0).flatten().tolist():
-            found = _check(network, region, x[i].detach().numpy(), lo, hi, dtype)
+            found = _check(rt, region, x[i].detach().numpy())
             if found is not None:
                 return found
         if k == steps:
@@ -178,19 +213,16 @@ def _attack(network, region, lo, hi, deadline, gen, restarts=8, steps=40, starts
     return None
 
 
-def _check(network, region, x, lo, hi, dtype):
-    x = _into_box(np.asarray(x, dtype=np.float64), lo, hi, dtype)
-    x64 = x.astype(np.float64)
-    if not (np.all(x64 >= lo) and np.all(x64 <= hi)):
+def _check(rt, region, x):
+    """(x, y) when x, rounded to the model's input dtype and moved into the region's attack
+    box, lies in the box as written (exact rationals) and onnxruntime's output y there
+    satisfies the region as written (exact rationals of y, strict rows strict); else None."""
+    lo, hi = rt.box(region)
+    xd = np.minimum(np.maximum(np.asarray(x).astype(rt.dtype), lo), hi)  # exact: one dtype
+    y = rt.run(xd)
+    if y is None or y.dtype.kind != "f" or not region.satisfied_exactly(y) or not region.contains(xd):
         return None
-    with torch.no_grad():
-        y64 = forward(network, torch.as_tensor(x64).unsqueeze(0)).reshape(-1).numpy()
-    if not region.satisfied(y64):
-        return None
-    y = onnx_output(network, x)
-    if not region.satisfied(y):
-        return None
-    return tuple(float(v) for v in x64), tuple(float(v) for v in y)
+    return tuple(float(v) for v in xd), tuple(float(v) for v in y)
 
 
 # ---------------------------------------------------------------- solve
@@ -200,17 +232,21 @@ def _up(q: Fraction) -> float:
 
 
 def _spec(region, n_out):
-    """Rows of all disjuncts plus each multi-row disjunct's sum: (mat, rhs, owner)."""
+    """Rows of all disjuncts plus each multi-row disjunct's sum: (mat, rhs, owner). A row is
+    proved infeasible when its lower bound is > rhs; for a strict row (mat·Y < r) >= r
+    suffices, so its rhs is moved one float down (lb > prev(r) iff lb >= r)."""
     rows, rhs, owner = [], [], []
-    for d, (m, r) in enumerate(region.disjuncts):
+    for d, ((m, r), strict) in enumerate(zip(region.disjuncts, region.strict())):
+        proof = np.where(strict & np.isfinite(r), np.nextafter(r, -np.inf), r)
         for i in range(len(r)):
             rows.append(m[i])
-            rhs.append(r[i])
+            rhs.append(proof[i])
             owner.append(d)
-        if len(r) > 1:
+        if len(r) > 1 and np.all(np.isfinite(r)):
             # the sum of the rows, used only when its coefficients are exact in float64
             col = [sum((Fraction(float(v)) for v in m[:, j]), Fraction(0)) for j in range(m.shape[1])]
             if all(Fraction(float(c)) == c for c in col):
+                # with the rows' own rhs (not moved): lb > Σ rhs means some row exceeds its rhs
                 rows.append(np.array([float(c) for c in col]))
                 rhs.append(_up(sum((Fraction(float(v)) for v in r), Fraction(0))))
                 owner.append(d)
@@ -262,6 +298,7 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "crown", 
             raise ValueError(f"regions: region {k} has a non-finite or empty input box")
     deadline = start + float(timeout)
     gen = torch.Generator().manual_seed(seed)
+    rt = _Runtime(network)
 
     def verdict(result, cex=None, boxes=0):
         return Verdict(result, cex, time.monotonic() - start, method, ASSUMPTIONS, boxes)
@@ -270,11 +307,11 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "crown", 
     try:
         # a cheap attack on every region first: most "sat" instances fall here
         for r in regions:
-            cex = _attack(network, r, r.lower, r.upper, deadline, gen, restarts=4, steps=10)
+            cex = _attack(rt, r, r.lower, r.upper, deadline, gen, restarts=4, steps=10)
             if cex is not None:
                 return verdict("sat", cex)
         if method == "bab":
-            return _solve_bab(network, regions, deadline, gen, verdict)
+            return _solve_bab(rt, regions, deadline, gen, verdict)
         unknown = False
         for r in regions:
             queue, budget, open_ = [(r.lower, r.upper)], int(max_boxes), False
@@ -289,7 +326,7 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "crown", 
                         continue
                     # the full attack on the whole box, a light one on its parts
                     root = lo is r.lower and hi is r.upper
-                    cex = _attack(network, r, lo, hi, deadline, gen, *((8, 40) if root else (2, 10)))
+                    cex = _attack(rt, r, lo, hi, deadline, gen, *((8, 40) if root else (2, 10)))
                     if cex is not None:
                         return verdict("sat", cex, nboxes)
                     if budget - len(queue) < 2 or not np.any(hi > lo):
@@ -305,9 +342,10 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "crown", 
         return verdict("timeout", None, nboxes)
 
 
-def _solve_bab(network, regions, deadline, gen, verdict):
+def _solve_bab(rt, regions, deadline, gen, verdict):
     """Each region by ``certify.bab.branch_and_bound``: one group of rows per disjunct (a
     disjunct is infeasible on a leaf when one of its rows, or their sum, is proved)."""
+    network = rt.network
     unknown, leaves = False, 0
     for r in regions:
         if any(len(rhs) == 0 for _, rhs in r.disjuncts):
@@ -322,8 +360,8 @@ def _solve_bab(network, regions, deadline, gen, verdict):
         def falsify(starts, r=r):
             try:
                 if starts is None:
-                    return _attack(network, r, r.lower, r.upper, deadline, gen, 8, 40)
-                return _attack(network, r, r.lower, r.upper, deadline, gen, steps=10,
+                    return _attack(rt, r, r.lower, r.upper, deadline, gen, 8, 40)
+                return _attack(rt, r, r.lower, r.upper, deadline, gen, steps=10,
                                starts=starts.reshape(starts.shape[0], -1))
             except _Timeout:
                 return None

@@ -8,14 +8,18 @@ every X) and its output rows; terms with the same box are one ``Region``.
 - VNN-LIB 1.0: ``(declare-const X_0 Real)``, ``(declare-const Y_0 Real)``, asserts over them.
 - VNN-LIB 2.0: ``(vnnlib-version <2.0>)``, ``(declare-network N (declare-input X real [s..])
   (declare-output Y real [s..]))``, indexed ``X[i]`` / ``X[i,j]`` (row-major flattened).
-  The file is first parsed by the ``vnnlib`` package (its grammar and type checks); its
+  The file is also parsed by the ``vnnlib`` package (its grammar and type checks); its
   ``vnnlib.compat.transform`` treats each ``assert`` as its own case rather than conjoining
   them, so the normal form is computed here for both versions.
-Atoms: ``<=, >=, <, >, =`` between linear expressions (``+``, ``-``, ``*`` by a constant);
-strict inequalities are read as non-strict (the closure: sound for "unsat", and a "sat"
-counterexample is re-checked against the non-strict rows). Literals are exact rationals;
-box bounds are rounded outward to float64 and ``rhs`` upward, so each region contains the
-real one. ``.gz`` files are decompressed. Anything else raises ValueError naming the file
+Atoms: ``<=, >=, <, >, =`` between linear expressions (``+``, ``-``, ``*`` by a constant).
+Numerals: ``[+-]digits[.digits][e[+-]digits]``, read as exact rationals.
+Two readings of every region:
+- for bounding ("unsat"): the float64 ``lower``/``upper`` rounded outward, ``rhs`` rounded
+  upward, strict inequalities closed (each region contains the real one: sound);
+- as written (``box``, ``rows``: exact rationals, strictness kept): a counterexample must
+  lie in ``box`` (``Region.contains``) and its output satisfy ``rows``
+  (``Region.satisfied_exactly``); ``Region.inner_box`` gives the points an attack may use.
+``.gz`` files are decompressed. Anything else raises ValueError naming the file, the line
 and the construct.
 """
 from __future__ import annotations
@@ -24,27 +28,125 @@ import gzip
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 MAX_TERMS = 100_000  # DNF size limit (a product of disjunctions can explode)
+#: nesting limit of the recursive readers (chains of one associative operator, e.g.
+#: (or a (or b ...)), are flattened first and do not count); Python's stack is ~1000 frames
+MAX_NESTING = 100
+MAX_ELEMENTS = 10_000_000  # declared size of X or Y (the box and rows are dense arrays)
+MAX_NUMERAL = 1_000  # characters of one numeral (an exact rational is built from it)
+MAX_EXPONENT = 10_000  # |e| of a numeral's exponent (10**e is built exactly)
+_FMAX = Fraction(sys.float_info.max)
+_NUMERAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+))?")
+_NUMBER_LIKE = re.compile(r"[+-]?\.?\d")  # a token that starts like a numeral
 
 
 @dataclass(frozen=True)
 class Region:
-    """Input box [lower, upper] (flat, float64) and the counterexample condition: some
-    disjunct (mat, rhs) with mat · Y <= rhs (an empty mat is always satisfied)."""
+    """Input box [lower, upper] (flat, float64, rounded outward) and the counterexample
+    condition: some disjunct (mat, rhs) with mat · Y <= rhs (an empty mat is always
+    satisfied; ``rhs`` rounded upward, strict rows closed). As written: ``box`` per input
+    (lo, lo_strict, hi, hi_strict) and ``rows`` per disjunct, per row (((j, a_j), ...), r,
+    strict) meaning Σ a_j Y_j < r (strict) or <= r, all Fractions; None: the float values are
+    the exact ones (non-strict)."""
 
     lower: np.ndarray
     upper: np.ndarray
     disjuncts: tuple
+    box: tuple | None = None
+    rows: tuple | None = None
 
     def satisfied(self, y, tol=0.0) -> bool:
-        """Does output y (flat) satisfy some disjunct (each row within ``tol``)?"""
+        """Does output y (flat) satisfy some disjunct's float rows (each within ``tol``)?"""
         y = np.asarray(y, dtype=np.float64).reshape(-1)
         return any(bool(np.all(m @ y <= r + tol)) for m, r in self.disjuncts)
+
+    def exact_box(self) -> tuple:
+        """``box``, or the float box taken exactly (non-strict)."""
+        if self.box is not None:
+            return self.box
+        return tuple((Fraction(float(lo)), False, Fraction(float(hi)), False) for lo, hi in zip(self.lower, self.upper))
+
+    def exact_rows(self) -> tuple:
+        """``rows``, or the float disjuncts taken exactly (non-strict)."""
+        if self.rows is not None:
+            return self.rows
+        return tuple(tuple((tuple((j, Fraction(float(a))) for j, a in enumerate(m_r) if a), Fraction(float(r_r)), False)
+                           for m_r, r_r in zip(m, r)) for m, r in self.disjuncts)
+
+    def strict(self) -> tuple:
+        """Per disjunct, a bool array: which rows are strict inequalities."""
+        return tuple(np.array([s for _, _, s in d], dtype=bool).reshape(len(d)) for d in self.exact_rows())
+
+    def contains(self, x) -> bool:
+        """Is the point x (flat floats, each taken as its exact rational) in the box as
+        written, strict bounds honoured? Non-finite coordinates are outside."""
+        x = np.asarray(x).reshape(-1)
+        box = self.exact_box()
+        if x.size != len(box) or not np.all(np.isfinite(x)):
+            return False
+        return all(_inside(Fraction(float(v)), b) for v, b in zip(x.tolist(), box))
+
+    def satisfied_exactly(self, y) -> bool:
+        """Does output y (flat floats, each taken as its exact rational, e.g. a model's float32
+        outputs) satisfy some disjunct as written (Σ a_j y_j < r or <= r, in rationals)? A
+        non-finite output satisfies nothing (no exact reading)."""
+        y = np.asarray(y).reshape(-1)
+        if not np.all(np.isfinite(y)):
+            return False
+        q = [Fraction(float(v)) for v in y.tolist()]
+        return any(all(_holds(sum((a * q[j] for j, a in coefs), Fraction(0)), r, s) for coefs, r, s in d)
+                   for d in self.exact_rows())
+
+    def inner_box(self, dtype=np.float64):
+        """(lo, hi): arrays of ``dtype`` with, per input, the smallest and largest finite
+        ``dtype`` values inside the box as written (strictness honoured); None when some input
+        has no such value (e.g. 0.1 <= X <= 0.1 in floats)."""
+        dtype = np.dtype(dtype)
+        lo, hi = [], []
+        for a, sa, b, sb in self.exact_box():
+            u, v = _ceil_in(a, sa, dtype), _floor_in(b, sb, dtype)
+            if u is None or v is None or u > v:
+                return None
+            lo.append(u)
+            hi.append(v)
+        return np.array(lo, dtype=dtype), np.array(hi, dtype=dtype)
+
+
+def _holds(v, r, strict) -> bool:
+    return v < r if strict else v <= r
+
+
+def _inside(q, b) -> bool:
+    lo, lo_strict, hi, hi_strict = b
+    return (q > lo if lo_strict else q >= lo) and (q < hi if hi_strict else q <= hi)
+
+
+def _ceil_in(q: Fraction, strict: bool, dtype):
+    """The smallest finite ``dtype`` value v with v > q (strict) or v >= q, or None."""
+    top = dtype.type(np.finfo(dtype).max)
+    above = lambda v: Fraction(float(v)) > q or (not strict and Fraction(float(v)) == q)  # noqa: E731
+    if not above(top):
+        return None
+    if q < -Fraction(float(top)):
+        return -top
+    v, inf = dtype.type(float(q)), dtype.type(np.inf)  # nearest (rounded twice): a step or two away
+    while not above(v):
+        v = np.nextafter(v, inf)
+    while np.isfinite(below := np.nextafter(v, -inf)) and above(below):
+        v = below
+    return v
+
+
+def _floor_in(q: Fraction, strict: bool, dtype):
+    """The largest finite ``dtype`` value v with v < q (strict) or v <= q, or None."""
+    v = _ceil_in(-q, strict, dtype)
+    return None if v is None else -v
 
 
 @dataclass(frozen=True)
@@ -58,30 +160,57 @@ class Property:
     version: str
     network: str | None
     path: str
-    assumptions: str = ("strict inequalities read as non-strict; literals exact, box bounds rounded outward "
-                        "and rhs upward to float64; coefficients rounded to nearest")
+    assumptions: str = ("bounding: strict inequalities closed, box bounds rounded outward and rhs upward to "
+                        "float64, coefficients rounded to nearest; counterexamples: checked against the "
+                        "literals as written (exact rationals, strictness kept)")
 
 
 # ---------------------------------------------------------------- s-expressions
+class _Tok(str):
+    """A token with the line it is on."""
+
+    line = 0
+
+
+class _Expr(list):
+    """A parenthesised expression with the line of its '('."""
+
+    line = 0
+
+
+def _at(where, e) -> str:
+    """'file:line' of an expression or token (the file alone when it has no line)."""
+    line = getattr(e, "line", 0)
+    return f"{where}:{line}" if line else where
+
+
 def _tokens(text):
-    text = re.sub(r";[^\n]*", " ", text)
-    return re.findall(r"\(|\)|[^\s()]+", text)
+    out = []
+    for n, line in enumerate(text.split("\n"), 1):
+        for t in re.findall(r"\(|\)|[^\s()]+", line.split(";", 1)[0]):
+            tok = _Tok(t)
+            tok.line = n
+            out.append(tok)
+    return out
 
 
 def _parse(tokens, where):
+    """Nested ``_Expr`` lists (built without recursion, so any depth parses)."""
     stack, out = [], []
     for t in tokens:
         if t == "(":
-            stack.append([])
+            e = _Expr()
+            e.line = t.line
+            stack.append(e)
         elif t == ")":
             if not stack:
-                raise ValueError(f"{where}: unbalanced ')'")
+                raise ValueError(f"{_at(where, t)}: unbalanced ')'")
             e = stack.pop()
             (stack[-1] if stack else out).append(e)
         else:
             (stack[-1] if stack else out).append(t)
     if stack:
-        raise ValueError(f"{where}: unbalanced '(' (missing {len(stack)} ')')")
+        raise ValueError(f"{_at(where, stack[-1])}: unbalanced '(' (missing {len(stack)} ')')")
     return out
 
 
@@ -90,99 +219,146 @@ def _read_text(path):
     if not os.path.exists(path):
         raise ValueError(f"path: no such file {path!r}")
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return f.read()
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable UTF-8 VNN-LIB text{' (gzip)' if path.endswith('.gz') else ''} "
+                         f"({exc})") from exc
 
 
 # ---------------------------------------------------------------- declarations
+def _size(n, what, loc):
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"{loc}: {what} has {n} elements, more than the {MAX_ELEMENTS} supported")
+    return n
+
+
 class _Vars:
     def __init__(self, where):
         self.where = where
         self.kind = {}  # name -> ("X" | "Y", shape) (2.0) or flat ("X" | "Y", index) (1.0)
         self.nx = self.ny = 0
+        self.decl = {}  # "X" | "Y" -> {flat index or None (a tensor): line}
 
-    def declare_const(self, name, sort):
-        m = re.fullmatch(r"([XY])_(\d+)", name)
-        if not m or sort.lower() != "real":
-            raise ValueError(f"{self.where}: unsupported declaration (declare-const {name} {sort}); "
+    def declare_const(self, name, sort, loc):
+        m = re.fullmatch(r"([XY])_(\d{1,9})", name) if isinstance(name, str) else None
+        if not m or not isinstance(sort, str) or sort.lower() != "real":
+            raise ValueError(f"{loc}: unsupported declaration (declare-const {_show(name)} {_show(sort)}); "
                              f"expected X_i / Y_j Real")
-        k, i = m.group(1), int(m.group(2))
+        k, i = m.group(1), _size(int(m.group(2)) + 1, m.group(0)[:2] + "i", loc) - 1
         self.kind[name] = (k, i)
+        self.decl.setdefault(k, {})[i] = getattr(name, "line", 0)
         if k == "X":
             self.nx = max(self.nx, i + 1)
         else:
             self.ny = max(self.ny, i + 1)
 
-    def declare_tensor(self, role, name, shape):
+    def declare_tensor(self, role, name, shape, loc):
+        n = _size(math.prod(shape), f"{role} tensor {name}", loc)
         if role == "X":
             if self.nx:
-                raise ValueError(f"{self.where}: more than one declare-input (only one input tensor)")
-            self.nx = math.prod(shape)
+                raise ValueError(f"{loc}: more than one declare-input (only one input tensor)")
+            self.nx = n
         else:
             if self.ny:
-                raise ValueError(f"{self.where}: more than one declare-output (only one output tensor)")
-            self.ny = math.prod(shape)
+                raise ValueError(f"{loc}: more than one declare-output (only one output tensor)")
+            self.ny = n
         self.kind[name] = (role, tuple(shape))
+        self.decl.setdefault(role, {})[None] = getattr(name, "line", 0)
 
-    def ref(self, atom):
+    def line_of(self, role, i):
+        """The line declaring role i (an undeclared X_i below a declared one: the last X)."""
+        d = self.decl.get(role, {})
+        return d.get(i, d.get(None, max(d.values(), default=0)))
+
+    def ref(self, atom, loc):
         """('X'|'Y', flat index) of a variable reference, or None when not a variable."""
         if atom in self.kind and isinstance(self.kind[atom][1], int):
             return self.kind[atom]
         m = re.fullmatch(r"([^\[\]]+)\[([\d,\s]+)\]", atom)
         if m and m.group(1) in self.kind and isinstance(self.kind[m.group(1)][1], tuple):
             role, shape = self.kind[m.group(1)]
-            idx = [int(i) for i in m.group(2).split(",")]
+            parts = m.group(2).split(",")
+            if any(not p.strip().isdigit() or len(p.strip()) > 12 for p in parts):
+                raise ValueError(f"{loc}: malformed index {atom}")
+            idx = [int(p) for p in parts]
             if len(idx) != len(shape) or any(not 0 <= i < s for i, s in zip(idx, shape)):
-                raise ValueError(f"{self.where}: index {atom} out of range for shape {list(shape)}")
+                raise ValueError(f"{loc}: index {atom} out of range for shape {list(shape)}")
             return role, int(np.ravel_multi_index(idx, shape)) if shape else 0
         return None
 
 
-def _shape_of(atoms, where):
+def _shape_of(atoms, loc):
     text = "".join(atoms)
-    m = re.fullmatch(r"\[([\d,]*)\]", text)
+    m = re.fullmatch(r"\[((?:\d{1,9},)*\d{1,9}|)\]", text)
     if not m:
-        raise ValueError(f"{where}: unsupported shape {text!r}")
+        raise ValueError(f"{loc}: unsupported shape {text!r} (expected e.g. [1,784])")
     return tuple(int(s) for s in m.group(1).split(",") if s)
 
 
 def _declare_network(e, vars_, where):
     if len(e) < 2 or not isinstance(e[1], str):
-        raise ValueError(f"{where}: declare-network without a name")
+        raise ValueError(f"{_at(where, e)}: declare-network without a name")
     for d in e[2:]:
         if not isinstance(d, list) or not d or d[0] not in ("declare-input", "declare-output"):
             head = d[0] if isinstance(d, list) and d else d
-            raise ValueError(f"{where}: unsupported construct {head!r} in declare-network "
-                             f"(only declare-input and declare-output)")
+            raise ValueError(f"{_at(where, d if isinstance(d, list) else e)}: unsupported construct {_show(head)!r} "
+                             f"in declare-network (only declare-input and declare-output)")
         if len(d) < 4 or not all(isinstance(a, str) for a in d[1:]):
-            raise ValueError(f"{where}: malformed {d[0]}")
+            raise ValueError(f"{_at(where, d)}: malformed {d[0]} (expected ({d[0]} NAME real [SHAPE]))")
         if not d[2].lower().startswith(("real", "float")):
-            raise ValueError(f"{where}: unsupported element type {d[2]!r} of {d[1]}")
-        vars_.declare_tensor("X" if d[0] == "declare-input" else "Y", d[1], _shape_of(d[3:], where))
+            raise ValueError(f"{_at(where, d)}: unsupported element type {d[2]!r} of {d[1]}")
+        vars_.declare_tensor("X" if d[0] == "declare-input" else "Y", d[1], _shape_of(d[3:], _at(where, d)),
+                             _at(where, d))
     return e[1]
 
 
 # ---------------------------------------------------------------- formulas
-def _number(atom):
-    try:
-        return Fraction(atom)
-    except (ValueError, ZeroDivisionError):
+def _number(atom, loc):
+    """The exact rational of a numeral token, None for a name; ValueError for a malformed
+    numeral (e.g. 1_000, 1/2, 0x10) or one too long or with too large an exponent."""
+    if not _NUMBER_LIKE.match(atom):
         return None
+    m = _NUMERAL.fullmatch(atom) if len(atom) <= MAX_NUMERAL else None
+    if m is None:
+        raise ValueError(f"{loc}: malformed numeral {atom[:40]!r} (expected digits with an optional "
+                         f"fraction and exponent, e.g. 0.25, -3, 1e-3; at most {MAX_NUMERAL} characters)")
+    if m.group(1) is not None and abs(int(m.group(1))) > MAX_EXPONENT:
+        raise ValueError(f"{loc}: numeral {atom[:40]!r} has an exponent beyond ±{MAX_EXPONENT}")
+    return Fraction(atom)
 
 
-def _linear(e, vars_, where):
+def _flat(e, op):
+    """The arguments of e = (op a (op b ...) ...) with nested ``op`` chains spliced in, found
+    without recursion (long right-nested chains are common in generated files)."""
+    out, todo = [], list(reversed(e[1:]))
+    while todo:
+        a = todo.pop()
+        if isinstance(a, list) and a and a[0] == op:
+            todo.extend(reversed(a[1:]))
+        else:
+            out.append(a)
+    return out
+
+
+def _linear(e, vars_, where, depth=0):
     """A linear expression as ({(role, index): coef}, constant), exact."""
     if isinstance(e, str):
-        n = _number(e)
+        n = _number(e, _at(where, e))
         if n is not None:
             return {}, n
-        r = vars_.ref(e)
+        r = vars_.ref(e, _at(where, e))
         if r is None:
-            raise ValueError(f"{where}: undeclared variable {e!r}")
+            raise ValueError(f"{_at(where, e)}: undeclared variable {e!r}")
         return {r: Fraction(1)}, Fraction(0)
     if not e or not isinstance(e[0], str):
-        raise ValueError(f"{where}: malformed expression {e!r}")
-    op, args = e[0], [_linear(a, vars_, where) for a in e[1:]]
+        raise ValueError(f"{_at(where, e)}: malformed expression {_show(e)}")
+    if depth > MAX_NESTING:
+        raise ValueError(f"{_at(where, e)}: expression nested deeper than {MAX_NESTING} levels")
+    op = e[0]
+    raw = _flat(e, op) if op in ("+", "*") else e[1:]
+    args = [_linear(a, vars_, where, depth + 1) for a in raw]
     if op == "+" and args:
         return _combine(args, [1] * len(args))
     if op == "-" and len(args) == 1:
@@ -193,13 +369,13 @@ def _linear(e, vars_, where):
         consts = [c for t, c in args if not t]
         terms = [(t, c) for t, c in args if t]
         if len(terms) > 1:
-            raise ValueError(f"{where}: nonlinear product {_show(e)}")
+            raise ValueError(f"{_at(where, e)}: nonlinear product {_show(e)}")
         k = math.prod(consts, start=Fraction(1))
         if not terms:
             return {}, k
         t, c = terms[0]
-        return {v: a * k for v, a in t.items()}, c * k
-    raise ValueError(f"{where}: unsupported arithmetic {_show(e)}")
+        return {v: a * k for v, a in t.items() if a * k}, c * k
+    raise ValueError(f"{_at(where, e)}: unsupported arithmetic {_show(e)}")
 
 
 def _combine(args, signs):
@@ -211,157 +387,219 @@ def _combine(args, signs):
     return {v: a for v, a in out.items() if a}, c0
 
 
-def _show(e):
-    return e if isinstance(e, str) else "(" + " ".join(_show(a) for a in e) + ")"
+def _show(e, depth=3):
+    """An expression as text, at most ``depth`` levels and ~200 characters (for messages)."""
+    if isinstance(e, str):
+        return e
+    if depth == 0:
+        return "(...)"
+    text = "(" + " ".join(_show(a, depth - 1) for a in e[:12]) + (" ..." if len(e) > 12 else "") + ")"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _atoms(e, vars_, where):
-    """One comparison as a list of (coefs, constant) meaning Σ coefs·v + constant <= 0."""
-    op = e[0]
+def _atoms(e, vars_, where, depth):
+    """One comparison as a list of atoms (coefs, constant, strict, loc) meaning
+    Σ coefs·v + constant < 0 (strict) or <= 0."""
+    op, loc = e[0], _at(where, e)
     if len(e) != 3:
-        raise ValueError(f"{where}: comparison {op!r} with {len(e) - 1} operands (expected 2)")
-    a, b = _linear(e[1], vars_, where), _linear(e[2], vars_, where)
+        raise ValueError(f"{loc}: comparison {op!r} with {len(e) - 1} operands (expected 2)")
+    a, b = _linear(e[1], vars_, where, depth), _linear(e[2], vars_, where, depth)
     d = _combine([a, b], [1, -1])  # a - b
     neg = ({v: -c for v, c in d[0].items()}, -d[1])
+    strict = op in ("<", ">")
     if op in ("<=", "<"):
-        return [d]
+        return [(*d, strict, loc)]
     if op in (">=", ">"):
-        return [neg]
-    if op == "=":
-        return [d, neg]
-    raise ValueError(f"{where}: unsupported comparison {op!r}")
+        return [(*neg, strict, loc)]
+    return [(*d, False, loc), (*neg, False, loc)]  # "="
 
 
-def _dnf(e, vars_, where):
+def _dnf(e, vars_, where, depth=0):
     """The formula as a list of terms (lists of atoms)."""
     if not isinstance(e, list) or not e or not isinstance(e[0], str):
-        raise ValueError(f"{where}: malformed assertion {_show(e) if isinstance(e, list) else e!r}")
+        raise ValueError(f"{_at(where, e)}: malformed assertion {_show(e)}")
+    if depth > MAX_NESTING:
+        raise ValueError(f"{_at(where, e)}: formula nested deeper than {MAX_NESTING} levels")
     op = e[0]
     if op == "and":
         terms = [[]]
-        for a in e[1:]:
-            sub = _dnf(a, vars_, where)
+        for a in _flat(e, "and"):
+            sub = _dnf(a, vars_, where, depth + 1)
             if len(terms) * len(sub) > MAX_TERMS:
-                raise ValueError(f"{where}: the disjunctive normal form exceeds {MAX_TERMS} terms")
+                raise ValueError(f"{_at(where, e)}: the disjunctive normal form exceeds {MAX_TERMS} terms")
             terms = [t + s for t in terms for s in sub]
         return terms
     if op == "or":
-        return [t for a in e[1:] for t in _dnf(a, vars_, where)]
+        out = []
+        for a in _flat(e, "or"):
+            out += _dnf(a, vars_, where, depth + 1)
+            if len(out) > MAX_TERMS:
+                raise ValueError(f"{_at(where, e)}: the disjunctive normal form exceeds {MAX_TERMS} terms")
+        return out
     if op in ("<=", ">=", "<", ">", "="):
-        return [_atoms(e, vars_, where)]
-    raise ValueError(f"{where}: unsupported construct {op!r} in an assertion")
-
-
-def _down(q: Fraction) -> float:
-    f = float(q)
-    return f if Fraction(f) <= q else float(np.nextafter(f, -np.inf))
+        return [_atoms(e, vars_, where, depth + 1)]
+    raise ValueError(f"{_at(where, e)}: unsupported construct {op!r} in an assertion")
 
 
 def _up(q: Fraction) -> float:
+    """The smallest float64 >= q (inf above the float64 range)."""
+    if q > _FMAX:
+        return math.inf
+    if q < -_FMAX:
+        return -sys.float_info.max
     f = float(q)
     return f if Fraction(f) >= q else float(np.nextafter(f, np.inf))
 
 
-def _term(atoms, nx, ny, where):
-    """(lower, upper, mat, rhs) of one DNF term, or None when it is infeasible."""
-    lo = [None] * nx
-    hi = [None] * nx
-    rows, rhs = [], []
-    for coefs, c in atoms:
+def _down(q: Fraction) -> float:
+    """The largest float64 <= q."""
+    return -_up(-q)
+
+
+def _tighter(old, new, upper):
+    """The tighter of two bounds (value, strict) on one input; at equal values strict wins."""
+    if old is None or new[0] == old[0]:
+        return new if old is None else (new[0], new[1] or old[1])
+    return min(old, new) if upper else max(old, new)
+
+
+def _term(atoms, vars_, where):
+    """(exact box, exact rows) of one DNF term, or None when it is infeasible."""
+    nx = vars_.nx
+    lo, hi = [None] * nx, [None] * nx
+    rows = []
+    for coefs, c, strict, loc in atoms:
         roles = {r for r, _ in coefs}
         if not coefs:
-            if c > 0:
+            if c > 0 or (strict and c == 0):
                 return None  # constant false
             continue
         if roles == {"X"}:
             if len(coefs) > 1:
-                raise ValueError(f"{where}: unsupported linear constraint on several inputs "
+                raise ValueError(f"{loc}: unsupported linear constraint on several inputs "
                                  f"({', '.join(f'X_{i}' for _, i in coefs)}); only bounds on single inputs")
             (_, i), a = next(iter(coefs.items()))
-            bound = -c / a
+            if abs(c / a) > _FMAX:
+                raise ValueError(f"{loc}: bound of X_{i} beyond the float64 range (±1.8e308); every input "
+                                 f"needs a finite box")
             if a > 0:
-                hi[i] = bound if hi[i] is None else min(hi[i], bound)
+                hi[i] = _tighter(hi[i], (-c / a, strict), True)
             else:
-                lo[i] = bound if lo[i] is None else max(lo[i], bound)
+                lo[i] = _tighter(lo[i], (-c / a, strict), False)
         elif roles == {"Y"}:
-            row = np.zeros(ny)
-            for (_, j), a in coefs.items():
-                row[j] = float(a)
-            rows.append(row)
-            rhs.append(_up(-c))
+            rows.append((tuple(sorted((j, a) for (_, j), a in coefs.items())), -c, strict, loc))
         else:
-            raise ValueError(f"{where}: unsupported constraint mixing inputs and outputs")
-    unbounded = [i for i in range(nx) if lo[i] is None or hi[i] is None]
-    if unbounded:
-        raise ValueError(f"{where}: input X_{unbounded[0]} has no {'lower' if lo[unbounded[0]] is None else 'upper'} "
-                         f"bound (every input needs a box)")
-    if any(a > b for a, b in zip(lo, hi)):
+            raise ValueError(f"{loc}: unsupported constraint mixing inputs and outputs")
+    for i in range(nx):
+        if lo[i] is None or hi[i] is None:
+            raise ValueError(f"{_at(where, _Line(vars_.line_of('X', i)))}: input X_{i} has no "
+                             f"{'lower' if lo[i] is None else 'upper'} bound (every input needs a box)")
+    if any(a > b or (a == b and (sa or sb)) for (a, sa), (b, sb) in zip(lo, hi)):
         return None
-    lower = np.array([_down(q) for q in lo])
-    upper = np.array([_up(q) for q in hi])
-    mat = np.array(rows).reshape(len(rows), ny)
-    return lower, upper, mat, np.array(rhs, dtype=np.float64)
+    return tuple((a, sa, b, sb) for (a, sa), (b, sb) in zip(lo, hi)), rows
+
+
+class _Line:
+    """Something with a line (the declaration an error points to)."""
+
+    def __init__(self, line):
+        self.line = line
+
+
+def _floats(box, rows, ny):
+    """The float64 reading for bounding: (lower, upper) rounded outward, (mat, rhs) with rhs
+    rounded upward and coefficients to nearest. ValueError for a coefficient beyond the
+    float64 range."""
+    mat = np.zeros((len(rows), ny))
+    for k, (coefs, _, _, loc) in enumerate(rows):
+        for j, a in coefs:
+            if abs(a) > _FMAX:
+                raise ValueError(f"{loc}: coefficient of Y_{j} beyond the float64 range (±1.8e308); "
+                                 f"scale the constraint")
+            mat[k, j] = float(a)
+    rhs = np.array([_up(r) for _, r, _, _ in rows], dtype=np.float64)
+    return (np.array([_down(a) for a, _, _, _ in box]), np.array([_up(b) for _, _, b, _ in box]), mat, rhs)
+
+
+def _header(e, vars_, where, state):
+    """One top-level declaration into ``vars_`` / ``state`` (version, network, asserts)."""
+    head, loc = e[0], _at(where, e)
+    if head == "vnnlib-version":
+        state["version"] = "".join(a for a in e[1:] if isinstance(a, str)).strip("<>")
+        if len(e) < 2 or not all(isinstance(a, str) for a in e[1:]) or state["version"] != "2.0":
+            raise ValueError(f"{loc}: unsupported vnnlib-version {state['version']!r} (only <2.0>)")
+    elif head == "declare-const":
+        if len(e) != 3:
+            raise ValueError(f"{loc}: malformed declare-const {_show(e)} (expected (declare-const X_0 Real))")
+        vars_.declare_const(e[1], e[2], loc)
+    elif head == "declare-network":
+        if state["network"] is not None:
+            raise ValueError(f"{loc}: more than one declare-network (only one network)")
+        state["network"] = _declare_network(e, vars_, where)
+    elif head == "assert":
+        if len(e) != 2:
+            raise ValueError(f"{loc}: malformed assert (expected one formula)")
+        state["asserts"].append(e[1])
+    else:
+        raise ValueError(f"{loc}: unsupported construct {_show(head)!r}")
 
 
 def parse_vnnlib(text: str, where: str = "<string>") -> Property:
     """Parse VNN-LIB 1.0 or 2.0 text (``where``: the file name for messages)."""
     exprs = _parse(_tokens(text), where)
     vars_ = _Vars(where)
-    version, network, asserts = "1.0", None, []
+    state = {"version": "1.0", "network": None, "asserts": []}
     for e in exprs:
-        if not isinstance(e, list) or not e:
-            raise ValueError(f"{where}: unexpected top-level {e!r}")
-        head = e[0]
-        if head == "vnnlib-version":
-            version = "".join(e[1:]).strip("<>")
-            if version not in ("2.0",):
-                raise ValueError(f"{where}: unsupported vnnlib-version {version!r}")
-        elif head == "declare-const":
-            if len(e) != 3:
-                raise ValueError(f"{where}: malformed declare-const {_show(e)}")
-            vars_.declare_const(e[1], e[2])
-        elif head == "declare-network":
-            if network is not None:
-                raise ValueError(f"{where}: more than one declare-network (only one network)")
-            network = _declare_network(e, vars_, where)
-        elif head == "assert":
-            if len(e) != 2:
-                raise ValueError(f"{where}: malformed assert")
-            asserts.append(e[1])
-        else:
-            raise ValueError(f"{where}: unsupported construct {head!r}")
+        if not isinstance(e, list) or not e or not isinstance(e[0], str):
+            raise ValueError(f"{_at(where, e)}: unexpected top-level {_show(e)!r}")
+        _header(e, vars_, where, state)
+    version, network, asserts = state["version"], state["network"], state["asserts"]
     if network is not None and version != "2.0":
         version = "2.0"
     if not vars_.nx or not vars_.ny:
         raise ValueError(f"{where}: the file declares no {'inputs' if not vars_.nx else 'outputs'}")
     if not asserts:
         raise ValueError(f"{where}: no assert")
-    terms = _dnf(["and", *asserts], vars_, where)
+    conj = _Expr(["and", *asserts])
+    conj.line = getattr(asserts[0], "line", 0)
     regions: dict = {}
-    for t in terms:
-        r = _term(t, vars_.nx, vars_.ny, where)
+    for t in _dnf(conj, vars_, where):
+        r = _term(t, vars_, where)
         if r is None:
             continue
-        lower, upper, mat, rhs = r
-        key = (lower.tobytes(), upper.tobytes())
-        regions.setdefault(key, (lower, upper, []))[2].append((mat, rhs))
-    out = tuple(Region(lo, hi, tuple(ds)) for lo, hi, ds in regions.values())
-    return Property(out, vars_.nx, vars_.ny, version, network, where)
+        box, rows = r
+        regions.setdefault(box, []).append(rows)
+    out = []
+    for box, terms in regions.items():
+        parts = [_floats(box, rows, vars_.ny) for rows in terms]
+        exact = tuple(tuple((coefs, r, s) for coefs, r, s, _ in rows) for rows in terms)
+        out.append(Region(parts[0][0], parts[0][1], tuple((m, b) for _, _, m, b in parts), box, exact))
+    return Property(tuple(out), vars_.nx, vars_.ny, version, network, where)
 
 
 def read_vnnlib(path) -> Property:
-    """Read a VNN-LIB 1.0 or 2.0 file (``.gz`` accepted). A 2.0 file is first parsed by the
-    ``vnnlib`` package when it is installed, whose error is reported with the file name."""
+    """Read a VNN-LIB 1.0 or 2.0 file (``.gz`` accepted). A 2.0 file is then also checked by
+    the ``vnnlib`` package when it is installed (its error reported with the file and line)."""
     where = os.fspath(path)
     text = _read_text(path)
-    if re.search(r"\(\s*vnnlib-version", text):
-        try:
-            import vnnlib as vnnlib_pkg
-        except ImportError:  # an optional check (the test extra installs it): parse_vnnlib is complete
-            vnnlib_pkg = None
-        if vnnlib_pkg is not None:
-            try:
-                vnnlib_pkg.parse_query_string(text)
-            except vnnlib_pkg.VNNLibException as exc:
-                raise ValueError(f"{where}: the vnnlib parser rejects the file ({exc})") from exc
-    return parse_vnnlib(text, where)
+    prop = parse_vnnlib(text, where)  # first: its errors name the line
+    if prop.version == "2.0" or re.search(r"\(\s*vnnlib-version", text):
+        _package_check(text, where)
+    return prop
+
+
+def _package_check(text, where):
+    """The ``vnnlib`` package's grammar and type checks of a 2.0 file, when it is installed;
+    its error as a ValueError naming the file and the line it reports."""
+    try:
+        import vnnlib as vnnlib_pkg
+    except ImportError:  # an optional check (the test extra installs it): parse_vnnlib is complete
+        return
+    try:
+        vnnlib_pkg.parse_query_string(text)
+    except RecursionError:
+        pass  # too deep for the package's recursive parser: parse_vnnlib checked it alone
+    except Exception as exc:  # noqa: BLE001 - VNNLibException, or the package's own failure on the file
+        m = re.search(r"line (\d+)", str(exc))
+        raise ValueError(f"{where}{':' + m.group(1) if m else ''}: the vnnlib parser rejects the file "
+                         f"({type(exc).__name__}: {exc})") from exc
