@@ -7,20 +7,26 @@ every operation on constants only is evaluated (constant folding), and every ope
 the perturbed input is lowered by ``certify.lowering.Builder`` through the table ``ATEN``
 (one entry per supported ATen operator). Anything else raises ValueError naming the
 operator, the module path that produced it and the torch call, e.g.
-``unsupported operator aten.sort at 'encoder.ranker' (torch.sort)``.
+``unsupported operator aten.sort at 'encoder.ranker' (torch.sort)``. Random operators
+(randn, rand, bernoulli, dropout in training mode...) are refused whether or not they read
+the input: folded, one draw would be verified as if it were the model. The export runs a
+float64 copy, so a dtype conversion of a perturbed value is lowered as the identity only
+when it keeps every value of the user's model (to its own dtype or wider); narrowing and
+integer conversions are refused (``_check_conversion``).
 The model's output may be a tensor, a tuple (its first element), a dict or a Hugging Face
 ``ModelOutput`` (its ``logits``).
 """
 from __future__ import annotations
 
 import copy
+import math
 import operator
 
 import torch
 from torch import nn
 
 from softcert.certify.graph import Graph
-from softcert.certify.lowering import F64, Builder, const
+from softcert.certify.lowering import F64, Builder, const, is_const
 from softcert.certify.ops import conv2d_params
 
 aten = torch.ops.aten
@@ -79,6 +85,11 @@ def v(x):
 
 def _identity(b, name, x, *args, **kwargs):
     return v(x)
+
+
+def _converted(b, name, x, *args, **kwargs):
+    # x a constant, the target dtype read from a perturbed tensor (type_as): the float64 lift
+    return v(x) if isinstance(x, Var) else const(x).to(F64)
 
 
 def _dropout(b, name, x, p=0.5, train=False):
@@ -157,6 +168,30 @@ def _moves(fn):
     return lower
 
 
+def _constant_pad(b, name, x, pad, value=0.0):
+    """constant_pad_nd(x, pad, value) = (x moved into place, 0 in the new slots) + value · slots.
+    The move alone is not enough: applied to positions, a non-zero value would read as the
+    position of an element of x."""
+    x = v(x)
+    if is_const(x):
+        return aten.constant_pad_nd.default(x, pad, value)
+    moved = b.rearrange(x, lambda t: aten.constant_pad_nd.default(t, pad, 0.0), name)
+    if value == 0:
+        return moved
+    if not math.isfinite(value):
+        raise ValueError(f"unsupported operator aten.constant_pad_nd with the non-finite value {value!r} at {name!r}")
+    slots = aten.constant_pad_nd.default(torch.zeros(b.shape(x), dtype=F64), pad, 1.0)
+    return b.add(moved, slots * const(float(value)), name)
+
+
+def _pad(b, name, x, pad, mode="constant", value=None):
+    """F.pad: constant padding as ``_constant_pad``; reflect, replicate and circular padding
+    only move elements."""
+    if mode == "constant":
+        return _constant_pad(b, name, x, pad, 0.0 if value is None else value)
+    return _moves(aten.pad.default)(b, name, x, pad, mode, value)
+
+
 def _index(b, name, x, indices):
     if any(isinstance(i, Var) for i in indices):
         raise ValueError(f"unsupported operator aten.index with perturbed indices at {name!r}")
@@ -189,7 +224,12 @@ MOVES = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, ate
          aten.flatten.using_ints, aten.unflatten.int, aten.unfold.default, aten.im2col.default,
          aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int,
          aten.narrow.default, aten.flip.default, aten.repeat.default, aten.roll.default,
-         aten.constant_pad_nd.default, aten.diagonal.default, aten.movedim.int, aten.alias.default)
+         aten.diagonal.default, aten.movedim.int, aten.alias.default)
+
+
+# operators that convert the dtype of their first argument (target: ``_conversion_target``)
+CONVERSIONS = (aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.to.other, aten._to_copy.default,
+               aten.type_as.default)
 
 
 def _transpose(b, name, x, d0=0, d1=1):
@@ -199,13 +239,16 @@ def _transpose(b, name, x, d0=0, d1=1):
 ATEN = {
     **{op: _moves(op) for op in MOVES},
     aten.index.Tensor: _index,
+    aten.constant_pad_nd.default: _constant_pad, aten.pad.default: _pad,
     **{op: _like(op) for op in (aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
                                 aten.new_zeros.default, aten.new_ones.default, aten.new_full.default)},
     aten.permute.default: lambda b, name, x, dims: b.permute(v(x), dims, name),
     aten.transpose.int: _transpose, aten.t.default: _transpose,
     aten.clone.default: _identity, aten.contiguous.default: _identity, aten.detach.default: _identity,
-    aten.to.dtype: _identity, aten.to.dtype_layout: _identity, aten._to_copy.default: _identity,
-    aten.type_as.default: _identity, aten.lift_fresh_copy.default: _identity,
+    # dtype conversions: checked by ``_check_conversion`` before this rule runs
+    **{op: _converted for op in CONVERSIONS},
+    aten._assert_tensor_metadata.default: lambda b, name, *args, **kwargs: None,
+    aten.lift_fresh_copy.default: _identity,
     aten.dropout.default: _dropout, aten.feature_dropout.default: _dropout,
     aten.linear.default: _linear, aten.addmm.default: _addmm,
     aten.matmul.default: _binary("matmul"), aten.mm.default: _binary("matmul"), aten.bmm.default: _binary("matmul"),
@@ -229,6 +272,112 @@ ATEN = {
 }
 # decomposed by torch itself before lowering (into bmm, permute and view)
 DECOMPOSE = (aten.einsum.default,)
+
+
+# ---------------------------------------------------------------- random operators
+# composites that draw random numbers in training mode or with a dropout probability but do
+# not carry torch's ``nondeterministic_seeded`` tag themselves
+_MAYBE_RANDOM = (aten.feature_dropout.default, aten.feature_alpha_dropout.default, aten.rrelu.default,
+                 aten.scaled_dot_product_attention.default)
+
+
+def _bound_args(target, args, kwargs) -> dict:
+    """The operator's arguments by their schema names, defaults filled in."""
+    schema = getattr(target, "_schema", None)
+    out = {}
+    for i, a in enumerate(schema.arguments if schema is not None else ()):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+def _random_draw(target, args, kwargs) -> str:
+    """Why the operator draws random numbers here ("" if it does not): every operator torch
+    tags ``nondeterministic_seeded`` (randn, rand, randint, normal, bernoulli, uniform_,
+    dropout...), except dropout-like ones in eval mode (train False) or with dropout_p 0."""
+    if torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()) and target not in _MAYBE_RANDOM:
+        return ""
+    a = _bound_args(target, args, kwargs)
+    for flag in ("train", "training"):
+        if flag in a:
+            # None is native_dropout's "training"
+            return "" if a[flag] is False else "dropout in training mode draws a random mask (call model.eval())"
+    if "dropout_p" in a:
+        return "" if not a["dropout_p"] else f"attention dropout {a['dropout_p']} draws a random mask " \
+                                             f"(call model.eval())"
+    return "its value is a random draw, not a function of the input (remove it to verify the model)"
+
+
+# ---------------------------------------------------------------- dtype conversions
+def _holds(wide, narrow) -> bool:
+    """Every value of the floating dtype ``narrow`` is one of ``wide``."""
+    if wide == narrow:
+        return True
+    w, n = torch.finfo(wide), torch.finfo(narrow)
+    return w.eps <= n.eps and w.max >= n.max and w.smallest_normal <= n.smallest_normal
+
+
+def _conversion_target(node, args, kwargs, original):
+    """The dtype a conversion node converts to in the user's model: None (unchanged), a dtype,
+    or "own" (that of a perturbed value). ``original``: fx name -> the dtype of that
+    parameter, buffer or constant in the user's model (the export runs a float64 copy)."""
+    a = _bound_args(node.target, args, kwargs)
+    if "other" not in a:  # to.dtype, to.device, to.dtype_layout, _to_copy
+        return a.get("dtype")
+    fx = _bound_args(node.target, node.args, node.kwargs)["other"]
+    if isinstance(fx, torch.fx.Node) and fx.name in original:
+        return original[fx.name]
+    # a perturbed tensor is in the model's own dtype; a folded tensor was lifted to float64 only
+    # if it came from a parameter (then the model's own dtype, too)
+    return "own" if isinstance(a["other"], Var) else a["other"].dtype
+
+
+def _check_conversion(node, target, own):
+    """A conversion of a perturbed value is the identity of the float64 lift only when it keeps
+    every value: to a floating dtype that holds each of the model's own dtypes ``own``."""
+    if target is None:
+        return
+    if target == "own":
+        if len(own) == 1:
+            return
+        target = "the dtype of another activation"
+    elif target.is_floating_point and all(_holds(target, d) for d in own):
+        return
+    dtypes = ", ".join(sorted(str(d) for d in own))
+    raise ValueError(f"dtype conversion {_op_name(node.target)} to {target} at {_where(node)}: the model computes "
+                     f"in {dtypes}, and only conversions that keep every value (to that dtype or a wider "
+                     f"floating one) are supported, not to lower precision or integers; remove the cast, or "
+                     f"convert the whole model to that floating dtype (e.g. model.half())")
+
+
+def _own_dtypes(model, example) -> set:
+    """The floating dtypes the user's model holds (its parameters and buffers; the example's
+    dtype for a model without any)."""
+    own = {t.dtype for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()}
+    return own or {example.dtype}
+
+
+def _original_dtypes(wrapped, ep, state) -> dict:
+    """fx placeholder name -> dtype of that parameter, buffer or constant in ``wrapped`` (the
+    user's model before the float64 copy). A tensor created in forward (``lifted_tensor_0``)
+    resolves to no attribute; the copy did not convert it, so its exported dtype is its own."""
+    out = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.target is None:
+            continue
+        obj = wrapped
+        for part in spec.target.split("."):
+            obj = getattr(obj, part, None)
+        exported = state.get(spec.target)
+        if isinstance(obj, torch.Tensor):
+            out[spec.arg.name] = obj.dtype
+        elif isinstance(exported, torch.Tensor):
+            out[spec.arg.name] = exported.dtype
+    return out
 
 
 def supported_operators() -> tuple:
@@ -281,6 +430,26 @@ def _refuse_training_batch_norm(model):
             raise ValueError(f"{path or type(mod).__name__}: batch norm in training mode (call model.eval())")
 
 
+def _same_bits(a, b) -> bool:
+    """a and b are the same tensor value (NaN equal to NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+    return bool(torch.equal(a, b))
+
+
+def _two_runs(wrapped, x):
+    """The model's logits at ``x``, twice (a model whose output is a function of its input
+    gives the same bits); ValueError when its own forward fails."""
+    try:
+        with torch.no_grad():
+            return [logits_of(wrapped(x)).detach().clone() for _ in range(2)]
+    except (RuntimeError, TypeError, IndexError) as exc:  # the model's own failure, before any export
+        raise ValueError(f"model: its forward fails at an input of shape {tuple(x.shape)} "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]})") from exc
+
+
 def trace(model: nn.Module, example: torch.Tensor) -> Graph:
     """The verifier's graph of ``model`` (wrapped in ``Logits`` when needed) traced at
     ``example`` (one input, batch axis first; traced at batch 1). Node 0 is the input, of shape
@@ -290,11 +459,12 @@ def trace(model: nn.Module, example: torch.Tensor) -> Graph:
     example = example[:1]
     _refuse_training_batch_norm(model)
     wrapped = model if isinstance(model, Logits) else Logits(model)
-    with torch.no_grad():
-        logits_of(wrapped(example.to(next(iter(model.parameters()), example).dtype)))
+    runs = _two_runs(wrapped, example.to(next(iter(model.parameters()), example).dtype))
+    own = _own_dtypes(model, example)
     ep = export(wrapped, example)
     b = Builder()
     state = {**ep.state_dict, **getattr(ep, "constants", {})}
+    original = _original_dtypes(wrapped, ep, state)
     sig = ep.graph_signature
     names = {}
     for spec in sig.input_specs:
@@ -332,6 +502,9 @@ def trace(model: nn.Module, example: torch.Tensor) -> Graph:
             if node.target is operator.getitem:
                 env[node.name] = args[0][args[1]]
                 continue
+            why = _random_draw(node.target, args, kwargs)
+            if why:  # folded, one draw would be certified as if it were the model
+                raise ValueError(f"random operator {_op_name(node.target)} at {_where(node)}: {why}")
             if not perturbed(args) and not perturbed(list(kwargs.values())):
                 env[node.name] = node.target(*args, **kwargs)  # constant folding
                 continue
@@ -339,6 +512,8 @@ def trace(model: nn.Module, example: torch.Tensor) -> Graph:
             if rule is None:
                 raise ValueError(f"unsupported operator {_op_name(node.target)} at {_where(node)}; "
                                  f"see certify.supported_operators()")
+            if node.target in CONVERSIONS and isinstance(args[0], Var):
+                _check_conversion(node, _conversion_target(node, args, kwargs, original), own)
             name = _module_path(node) or node.name
             try:
                 env[node.name] = wrap(rule(b, name, *args, **kwargs))
@@ -352,6 +527,11 @@ def trace(model: nn.Module, example: torch.Tensor) -> Graph:
             out = outs[0] if isinstance(outs, (list, tuple)) else outs
             if not isinstance(out, Var):
                 raise ValueError("model: the output does not depend on the input")
+            # after the walk, which names a torch random operator; this catches Python's, numpy's
+            if not _same_bits(*runs):
+                raise ValueError("model: two forward passes at the same input give different outputs (random "
+                                 "numbers or state that forward changes); the verifier needs one function of "
+                                 "the input")
             return b.finish(out.id)
         else:
             raise ValueError(f"unsupported graph node {node.op!r} ({node.name})")
