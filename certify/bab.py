@@ -604,7 +604,7 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack
     ``intermediate``: the root's intermediate bounds (``ROOT_INTERMEDIATE``; default "auto":
     "full", then, for samples whose root is left open and survives the first attacks, the
     ``ROOT_OPTIMISED`` most sensitive elements of each split node optimised by alpha-CROWN)."""
-    from softcert.certify.api import graph_of
+    from softcert.certify.api import classes_of, graph_of
 
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) \
             or timeout <= 0:
@@ -618,7 +618,7 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack
     model64 = copy.deepcopy(model).double().eval()
     own = copy.deepcopy(model).eval()  # the model in its own dtype: counterexamples are confirmed on it
     out = graph.nodes[graph.output].shape
-    classes = int(torch.tensor(out[1:]).prod()) if len(out) > 1 else 1
+    classes = classes_of(graph)  # logits with a batch axis first, as every other method needs
     label = check_labels(label, x.shape[0], classes)
     lo, hi = input_box(x, eps, domain)  # outward: for the bounds
     plo, phi = inner_box(x, eps, domain, model_dtype(own))  # the ball's points of the model's dtype: for attacks

@@ -142,3 +142,27 @@ def test_unsupported_operator_is_named_with_its_module_path():
     for call in (lambda: certify.verify(m, X, Y, 0.01), lambda: certify.check_supported(m, X)):
         with pytest.raises(ValueError, match=r"unsupported operator aten\.sort at 'blocks\.0\.relu' \(sort\)"):
             call()
+
+
+class _Reduced(nn.Module):
+    """Heads that lose the batch axis: a scalar (``x.sum()``-style) or the first row only."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.lin, self.head = nn.Linear(3, 3), head
+
+    def forward(self, x):
+        z = self.lin(x)
+        return z.sum() if self.head == "sum" else z[0]
+
+
+@pytest.mark.parametrize("head", ["sum", "row"])
+@pytest.mark.parametrize("method", ["ibp", "crown", "bab"])
+def test_outputs_without_a_batch_axis_are_refused_by_every_method(head, method):
+    """bab certified such a model (issue 27 item 11: it read the output shape by itself);
+    every method now asks for logits with a batch axis first."""
+    m = _Reduced(head).double().eval()
+    x = torch.rand(1, 3, dtype=torch.float64)
+    kw = {"timeout": 5} if method == "bab" else {}
+    with pytest.raises(ValueError, match="expected logits with a batch axis first"):
+        certify.verify(m, x, [0], 0.01, method=method, **kw)
