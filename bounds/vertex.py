@@ -117,13 +117,15 @@ def _normalise(c: torch.Tensor, hi: torch.Tensor):
 
 def _denormalise(bound: torch.Tensor, k, direction: float) -> torch.Tensor:
     """bound · 2^-k, rounded outward (``direction`` +1 up, -1 down) when it lands below the
-    normal range and loses bits."""
+    normal range and loses bits: one step only if round-to-nearest went inward (so at most
+    one spacing 2^-1074 from the scaled bound)."""
     if k is None:
         return bound
     b = bound.numpy()
     out = np.ldexp(b, -k)
-    inexact = np.ldexp(out, k) != b  # scaling back up is exact: compare to detect rounding
-    out = np.where(inexact, np.nextafter(out, direction * np.inf), out)
+    back = np.ldexp(out, k)  # scaling back up is exact: compare to see where the rounding went
+    inward = back < b if direction > 0 else back > b
+    out = np.where(inward, np.nextafter(out, direction * np.inf), out)
     return torch.from_numpy(out)
 
 

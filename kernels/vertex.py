@@ -296,9 +296,10 @@ def _prove_once(sign, c, lo, hi, a, b, xa, xb, value, cmax, cmin, scale, xmax, t
 @njit(cache=True)
 def _unscale(bound, shift, toward):
     """bound · 2^-shift, moved one ulp ``toward`` ±inf when it lands below the normal range
-    and loses bits (scaling back up is exact, so comparing detects the rounding)."""
+    and round-to-nearest went inward (scaling back up is exact, so comparing detects it)."""
     out = math.ldexp(bound, -shift)
-    if math.ldexp(out, shift) != bound:
+    back = math.ldexp(out, shift)
+    if (back < bound) if toward > 0 else (back > bound):
         out = np.nextafter(out, toward)
     return out
 
