@@ -10,6 +10,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned to the CPU build on disk; a bare `torch` would pull CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0
+	# the build backend pyproject.toml asks for, in the venv: tests build a wheel without isolation
+	$(PY) -m pip install -q 'setuptools>=68'
 	# a current transformers (>= 5.25) brings Hugging Face's `kernels` beside softcert.kernels:
 	# the suite runs in the environment users have (tests/test_packaging.py)
 	$(PY) -m pip install -q -e '.[data,test,triton,lightning,dist]' 'transformers>=5.25'

@@ -34,7 +34,10 @@ def _pre_import_patches():
 
     if not hasattr(sh, "_set_opset_version"):
         def _set_opset_version(version):
-            from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+            try:
+                from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+            except ImportError:  # torch before 2.9 keeps it here
+                from torch.onnx._globals import GLOBALS
 
             GLOBALS.export_onnx_opset_version = version
         sh._set_opset_version = _set_opset_version
