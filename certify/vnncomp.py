@@ -63,11 +63,13 @@ class Verdict:
     boxes: int = 0
 
 
-ASSUMPTIONS = ("unsat: the verifier's bounds (certify.crown arithmetic: float64 widened by a relative "
-               "1e-9, not directed rounding) on the float64 real-arithmetic graph of the ONNX model, over the "
-               "property's float64 reading (box outward, strict rows closed); sat: a concrete input of the model's "
-               "dtype inside the box as written, whose onnxruntime output satisfies the property as written "
-               "(exact rationals, strictness kept)")
+#: what each verdict rests on; the arithmetic text is certify.crown's own (never restated by hand)
+ASSUMPTIONS = ("unsat: the verifier's bounds on the ONNX model's graph in real arithmetic, over the "
+               "property's float64 reading (box outward, strict rows closed). The model's own float32/float64 "
+               "rounding is not enclosed; operators that lose precision (casts to float16, bfloat16, integers) "
+               "are refused, never dropped. Arithmetic: " + crown.ARITHMETIC + " sat: a concrete input of the "
+               "model's dtype inside the box as written, whose onnxruntime output satisfies the property as "
+               "written (exact rationals, strictness kept).")
 
 
 class _Timeout(Exception):

@@ -195,3 +195,12 @@ def test_near_tie_fuzz(seed):
             (coefs, op, t), = rows[0]
             assert exact > Fraction(t) or (op == "<" and exact == Fraction(t))
     assert set(counts) <= {"sat", "unsat", "unknown", "timeout"} and counts.get("sat", 0) >= 1
+
+
+def test_verdict_assumptions_are_the_verifiers_own_arithmetic():
+    """The assumption text is generated from certify.crown.ARITHMETIC (issue 32: it still
+    described the retired 1e-9 widening) and says what unsat is about: real arithmetic."""
+    from softcert.certify import crown, vnncomp
+
+    assert crown.ARITHMETIC in vnncomp.ASSUMPTIONS
+    assert "1e-9" not in vnncomp.ASSUMPTIONS and "real arithmetic" in vnncomp.ASSUMPTIONS
