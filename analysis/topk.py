@@ -155,6 +155,8 @@ def _tail_sums(s: torch.Tensor, backend: str):
 
         batch, n = s.shape[:-1], s.shape[-1]
         T, n_valid = tail_sums_triton(s.reshape(-1, n))
+        if not torch.isfinite(T).all():  # never a certificate from a broken kernel
+            raise RuntimeError("the Triton tail sums are not finite (a kernel or Triton bug); use backend='numba'")
         return T.reshape(batch + (n + 1,)), n_valid.reshape(batch)
     _, w, n_valid = sorted_weights(s)
     return tail_sums(w), n_valid

@@ -50,7 +50,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, s_ptr, m_ptr, r_ptr, nq, n, 
         s = tl.where(kmask, s, float("-inf"))
         tl.store(s_ptr + row * n + offs, s, mask=kmask)
         mt = tl.maximum(m, tl.max(s, axis=0))
-        grow = (mt > m) & (t0 > 0)
+        # a rescale of an earlier tile's sums: m is finite from the first tile on (it holds a
+        # finite score), so this is t0 > 0 (a Python bool in triton 3.2's interpreter, which
+        # cannot combine it with a tensor)
+        grow = (mt > m) & (m > float("-inf"))
         alpha = tl.where(grow, exp(m - mt, LIBDEVICE), 1.0)
         rescales += grow.to(tl.int32)
         p = exp(s - mt, LIBDEVICE)

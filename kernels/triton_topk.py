@@ -29,12 +29,15 @@ def _tail_kernel(s_ptr, t_ptr, nv_ptr, n, N_P: tl.constexpr, LIBDEVICE: tl.const
     row = tl.program_id(0)
     idx = tl.arange(0, N_P)
     x = tl.load(s_ptr + row * n + idx, mask=idx < n, other=float("-inf"))
-    v = tl.sort(x, 0)
-    w = exp(v - tl.max(v, axis=0), LIBDEVICE)
+    nv = tl.sum((x > float("-inf")).to(tl.int64), axis=0)
+    # sort without -inf (triton 3.2's tl.sort multiplies by a 0/1 mask: -inf * 0 = NaN); the
+    # N_P - nv smallest slots are the masked keys and padding, and weigh exactly 0
+    v = tl.sort(tl.where(x > float("-inf"), x, -1.7976931348623157e308), 0)
+    w = tl.where(idx < N_P - nv, 0.0, exp(v - tl.max(v, axis=0), LIBDEVICE))
     c = tl.cumsum(w, 0)
     dest = N_P - 1 - idx  # the scan from the smallest, read from the largest: T[k]
     tl.store(t_ptr + row * (n + 1) + dest, c, mask=dest < n)
-    tl.store(nv_ptr + row, tl.sum((x > float("-inf")).to(tl.int64), axis=0))
+    tl.store(nv_ptr + row, nv)
 
 
 def tail_sums_triton(s: torch.Tensor):
