@@ -10,17 +10,13 @@ min(1, rho_a / ||p||), rho_a = pi / max_x (max_k a_k - min_k a_k), a = J_z p by 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout too
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from softcert.analysis.ghosts_models import make_model  # noqa: E402
-from softcert.analysis.safestep import SafeStep  # noqa: E402  (change 1 of 2)
-from softcert.certify.data import digits  # noqa: E402
+from softcert.analysis.ghosts_models import make_model
+from softcert.analysis.safestep import SafeStep  # (change 1 of 2)
+from softcert.certify.data import digits
 
 
 def train(safe: bool, spike: float, steps: int = 200, seed: int = 0) -> float:

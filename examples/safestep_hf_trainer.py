@@ -12,16 +12,12 @@ transformers.Trainer needs `accelerate` installed (pip install 'transformers[tor
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout too
+import torch
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
-import torch  # noqa: E402
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments  # noqa: E402
-
-from softcert.analysis.callbacks import SafeStepCallback  # noqa: E402
+from softcert.analysis.callbacks import SafeStepCallback
 
 VOCAB, SEQ = 40, 8
 

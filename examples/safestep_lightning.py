@@ -11,18 +11,14 @@ Needs the `lightning` extra (pytorch-lightning).
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a source checkout too
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
 
-import pytorch_lightning as pl  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from softcert.analysis.callbacks import SafeStepLightningCallback  # noqa: E402
-from softcert.analysis.ghosts_models import make_model  # noqa: E402
-from softcert.certify.data import digits  # noqa: E402
+from softcert.analysis.callbacks import SafeStepLightningCallback
+from softcert.analysis.ghosts_models import make_model
+from softcert.certify.data import digits
 
 
 class Digits(pl.LightningModule):
