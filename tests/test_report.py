@@ -464,3 +464,19 @@ def test_pdf_compiles_and_pages_render(tiny_report):
         assert re.search(r"Citation .* undefined", log) is None
     if shutil.which("pdftoppm"):
         assert sorted(tiny_report.glob("page-*.png"))  # look at them: docs/report/README.md
+
+
+def test_a_model_outside_the_vit_family_is_refused_by_name(tmp_path, capsys):
+    """An ONNX classifier that is not a certify.ViT crashed the report with an AttributeError
+    on its config (issue 32); it is refused by name, before any stage runs."""
+    from torch import nn
+
+    from softcert import cli
+
+    m = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10)).eval()
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(m, (torch.rand(1, 1, 8, 8),), str(path), dynamo=False, opset_version=17)
+    assert cli.main(["report", "--model", str(path), "--tiny", "--no-minilm", "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert "not a certify.ViT-family model" in err and "softcert certify --model" in err
+    assert not (tmp_path / "rep" / "results.json").exists()

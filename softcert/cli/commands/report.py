@@ -400,6 +400,16 @@ def inputs_of(spec: str, data: str | None, xte, yte, n: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- driver
+def _require_vit_family(model, spec) -> None:
+    """The report's tables, figures and checks read the certify.ViT family's config (depth,
+    heads, image, ...); another model is refused by name, never with a traceback mid-run."""
+    if not isinstance(getattr(model, "config", None), dict):
+        raise ValueError(
+            f"--model: {spec} is read as a {type(model).__name__}, not a certify.ViT-family model "
+            "(its config names depth, heads and image size, which the report's tables and checks "
+            "use); certify it with `softcert certify --model` or certify.verify instead")
+
+
 def settings_for(args) -> Settings:
     if args.tiny:
         return TINY
@@ -419,6 +429,7 @@ def run(args) -> int:
     t_all = time.perf_counter()
     with timer("load"):
         model, xte, yte, label = load_model(args.model, data=args.data)
+        _require_vit_family(model, args.model)
         x, y = xte[: max(st.n_images, st.radius_images)], yte[: max(st.n_images, st.radius_images)]
         minilm = None if args.no_minilm else load_minilm(st)
     torch.set_num_threads(1)  # loading transformers may have reset it
