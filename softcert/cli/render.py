@@ -317,8 +317,9 @@ def tex_table(caption, header, rows, label=None, size=r"\small"):
 
 # ----------------------------------------------------------------------------- methods text
 _CITE = "CITE<{}>"
-BAB_NOTE = ("Branch-and-bound for general nonlinearities CITE<shi2025genbab> is not implemented in softcert yet, "
-            "so this report has no branch-and-bound verdict counts and no time-to-verdict (cactus) plot.")
+BAB_NOTE = ("Branch-and-bound for general nonlinearities CITE<shi2025genbab> (softcert bab: certified, falsified "
+            "or unknown per image under a time budget) is not run by this report, so it has no branch-and-bound "
+            "verdict counts and no time-to-verdict (cactus) plot; `softcert bab` produces both (docs/certify/bab.md).")
 
 
 def methods_sentences(res, st) -> list[str]:
