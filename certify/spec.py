@@ -58,8 +58,12 @@ def check_images(model, x, domain=None):
     (an ``image`` attribute, as certify.ViT) also takes one unbatched input. With ``domain``,
     every value must lie in [lo, hi]."""
     x = torch.as_tensor(x)
+    if x.device.type == "meta":
+        raise ValueError("x: a meta tensor carries no values (load the inputs onto a real device)")
     if not torch.is_floating_point(x):
-        raise ValueError(f"x: expected a floating tensor, got dtype {x.dtype}")
+        hint = (" (token ids? bound the embeddings with certify.verify_text(model, input_ids, label, eps))"
+                if x.dtype in (torch.int32, torch.int64) else "")
+        raise ValueError(f"x: expected a floating tensor, got dtype {x.dtype}{hint}")
     shape = tuple(x.shape)  # as passed, for the error messages
     image = getattr(model, "image", None)
     if image is not None:

@@ -166,3 +166,13 @@ def test_outputs_without_a_batch_axis_are_refused_by_every_method(head, method):
     kw = {"timeout": 5} if method == "bab" else {}
     with pytest.raises(ValueError, match="expected logits with a batch axis first"):
         certify.verify(m, x, [0], 0.01, method=method, **kw)
+
+
+def test_meta_and_token_id_inputs_are_named():
+    """A meta tensor raised a raw RuntimeError and integer token ids did not point to
+    verify_text (issue 32)."""
+    m = nn.Sequential(nn.Linear(3, 2)).double().eval()
+    with pytest.raises(ValueError, match="meta tensor carries no values"):
+        certify.verify(m, torch.empty(1, 3, device="meta"), [0], 0.01, method="ibp")
+    with pytest.raises(ValueError, match="verify_text"):
+        certify.verify(m, torch.tensor([[1, 2, 3]]), [0], 0.01, method="ibp")
