@@ -399,7 +399,9 @@ def _torch_call(node):
 
 
 def _where(node):
-    return f"{_module_path(node)!r}" + (f" ({_torch_call(node)})" if _torch_call(node) else "")
+    path = _module_path(node)
+    place = repr(path) if path else "the model's own forward (no submodule)"  # '' read as a bug
+    return place + (f" ({_torch_call(node)})" if _torch_call(node) else "")
 
 
 def export(model: nn.Module, example: torch.Tensor):

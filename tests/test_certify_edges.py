@@ -176,3 +176,18 @@ def test_meta_and_token_id_inputs_are_named():
         certify.verify(m, torch.empty(1, 3, device="meta"), [0], 0.01, method="ibp")
     with pytest.raises(ValueError, match="verify_text"):
         certify.verify(m, torch.tensor([[1, 2, 3]]), [0], 0.01, method="ibp")
+
+
+def test_an_unsupported_operator_in_the_top_level_forward_is_located():
+    """It was located "at ''" (issue 32)."""
+
+    class Top(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.sort(self.lin(x), -1).values
+
+    with pytest.raises(ValueError, match=r"aten\.sort.* at the model's own forward \(no submodule\)"):
+        certify.verify(Top().double().eval(), torch.rand(1, 4, dtype=torch.float64), [0], 0.01, method="ibp")
