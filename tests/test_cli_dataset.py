@@ -288,3 +288,11 @@ def test_validate_result_never_raises_and_what_it_accepts_loads(edits):
         assert not r.certified or (r.correct and r.lower_margin > 0)
     else:
         assert isinstance(why, str) and why
+
+
+def test_a_bad_eps_is_refused_before_anything_runs(tmp_path, capsys):
+    """--eps -0.1 started the progress bar (and loaded the model) before failing (issue 32)."""
+    assert softcert.cli.main(["certify", "--eps", "-0.1", "--n", "2", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--eps: eps: must be finite and >= 0, got -0.1" in err and "%|" not in err
+    assert not (tmp_path / "store.jsonl").exists()

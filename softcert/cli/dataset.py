@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from softcert import certify
+from softcert.certify.spec import check_eps
 from softcert.cli import common
 from softcert.cli.store import Store
 from softcert.cli.store import load as load_store
@@ -86,6 +87,11 @@ class Job:
                              f"choose from {', '.join(certify.METHODS)}")
         if not self.eps:
             raise ValueError("--eps: expected at least one radius")
+        for e in self.eps:  # before any model loads or bar starts (issue 32)
+            try:
+                check_eps(e)
+            except ValueError as exc:
+                raise ValueError(f"--eps: {exc}") from None
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"--n: must be an integer >= 1, got {self.n!r}")
 
