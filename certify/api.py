@@ -268,8 +268,10 @@ def linear_bounds(graph, lower, upper, C, method="crown", center=None) -> torch.
     return meth.lower(graph, lo, hi, c, C, None).detach().to(torch.float64)
 
 
-def _certify(model, graph, meth, x0, lower, upper, label, batch_size, eps, domain, model_input=None):
-    """Margins of ``label`` over the boxes [lower, upper] (B, *input shape of the graph)."""
+def _certify(model, graph, meth, x0, lower, upper, label, batch_size, eps, domain, model_input=None,
+             progress=None):
+    """Margins of ``label`` over the boxes [lower, upper] (B, *input shape of the graph);
+    ``progress(k)`` after each batch of k samples."""
     classes = classes_of(graph)
     label = check_labels(label, x0.shape[0], classes)
     out_shape = graph.nodes[graph.output].shape
@@ -289,6 +291,8 @@ def _certify(model, graph, meth, x0, lower, upper, label, batch_size, eps, domai
         lo = lo.detach().to(torch.float64)
         lo[torch.arange(len(lb)), lb] = 0.0
         out.append(lo)
+        if progress is not None:
+            progress(len(lb))
     lower_margin = torch.cat(out)
     other = torch.ones_like(lower_margin, dtype=torch.bool)
     other[torch.arange(len(label)), label] = False
@@ -302,20 +306,29 @@ def _lift(t):
     return t.unsqueeze(1)
 
 
-def verify(model, x, label, eps, method="crown", batch_size=8, *, domain=DOMAIN, timeout=None):
+def check_progress(progress):
+    """None or a callable taking a count of finished samples (a tqdm bar's ``update``)."""
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress: expected a callable (e.g. a tqdm bar's update) or None, got {progress!r}")
+    return progress
+
+
+def verify(model, x, label, eps, method="crown", batch_size=8, *, domain=DOMAIN, timeout=None, progress=None):
     """Certify ``model`` (any nn.Module whose traced graph uses supported operators; see
     ``certify.supported_operators``) at inputs ``x`` (B, ...) with integer labels ``label``
     over the L∞ ball of radius ``eps`` (a Python, numpy or 0-d tensor real scalar, taken as
     float64) clipped to ``domain`` (default [0, 1]; x must lie in it; None: no clipping).
     ``method``: a name in ``certify.METHODS`` (a ``CertResult``), or "bab": branch-and-bound
     with falsification alongside, ``timeout`` seconds per sample, three-valued verdicts (a
-    ``certify.bab.BabResult``; see ``certify.bab.verify``)."""
+    ``certify.bab.BabResult``; see ``certify.bab.verify``). ``progress``: called with the
+    number of samples just finished, after each batch (each sample for "bab")."""
+    progress = check_progress(progress)
     if method == "bab":
         from softcert.certify import bab
 
         if timeout is None:
             raise ValueError("timeout: method 'bab' needs a per-sample time budget in seconds")
-        return bab.verify(model, x, label, eps, timeout=timeout, domain=domain)
+        return bab.verify(model, x, label, eps, timeout=timeout, domain=domain, progress=progress)
     if timeout is not None:
         raise ValueError(f"timeout: only method 'bab' takes a time budget, got method {method!r}")
     meth = get_method(method)
@@ -327,7 +340,7 @@ def verify(model, x, label, eps, method="crown", batch_size=8, *, domain=DOMAIN,
     lo, hi = input_box(x, eps, domain)
     lifted = (_lift(x), _lift(lo), _lift(hi))
     return _certify(model, graph, meth, *lifted, label, batch_size, eps, domain,
-                    model_input=model)
+                    model_input=model, progress=progress)
 
 
 def verify_box(model, lower, upper, label, method="crown", batch_size=8, *, center=None) -> CertResult:

@@ -591,7 +591,7 @@ def _attack_from(model64, starts, label, lo, hi, eps, steps=20):
 
 def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack=True, batch=16, alpha_steps=4,
            restarts=2, steps=40, seed=0, max_leaves=1_000_000, refine=0, beta=True,
-           intermediate="auto") -> BabResult:
+           intermediate="auto", progress=None) -> BabResult:
     """Three-valued verdicts for ``model`` at inputs ``x`` (B, ...) with labels ``label`` over
     the L∞ ball of radius ``eps`` clipped to ``domain``, each sample within ``timeout``
     seconds: certified (every margin z_y - z_j proved positive on every leaf), falsified
@@ -603,8 +603,11 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack
     optimised multipliers (beta-CROWN; False: only through the tightened neuron bounds);
     ``intermediate``: the root's intermediate bounds (``ROOT_INTERMEDIATE``; default "auto":
     "full", then, for samples whose root is left open and survives the first attacks, the
-    ``ROOT_OPTIMISED`` most sensitive elements of each split node optimised by alpha-CROWN)."""
-    from softcert.certify.api import classes_of, graph_of
+    ``ROOT_OPTIMISED`` most sensitive elements of each split node optimised by alpha-CROWN).
+    ``progress``: called with 1 after each sample (e.g. a tqdm bar's ``update``)."""
+    from softcert.certify.api import check_progress, classes_of, graph_of
+
+    progress = check_progress(progress)
 
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) \
             or timeout <= 0:
@@ -631,6 +634,8 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack
         if classes == 1:
             # no other class: the margin specification is empty, so it holds (as crown answers)
             verdicts.append(BabVerdict("certified", None, torch.zeros(1, dtype=torch.float64), 0.0, 0, name))
+            if progress is not None:
+                progress(1)
             continue
         C = margin_spec(lab, classes).reshape(classes, *out)
         keep = [j for j in range(classes) if j != int(lab)]
@@ -662,4 +667,6 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack
             status, cex = ("certified" if all(res.proved) else "unknown"), None
         verdicts.append(BabVerdict(status, cex, lm, time.monotonic() - t0, res.bounded, name, ASSUMPTIONS,
                                    res.vertex_leaves))
+        if progress is not None:
+            progress(1)
     return BabResult(tuple(verdicts), eps, name, domain)

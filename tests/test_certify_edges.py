@@ -191,3 +191,16 @@ def test_an_unsupported_operator_in_the_top_level_forward_is_located():
 
     with pytest.raises(ValueError, match=r"aten\.sort.* at the model's own forward \(no submodule\)"):
         certify.verify(Top().double().eval(), torch.rand(1, 4, dtype=torch.float64), [0], 0.01, method="ibp")
+
+
+@pytest.mark.parametrize("method", ["ibp", "crown", "bab"])
+def test_verify_reports_progress_per_sample(method):
+    """verify was silent (issue 32): ``progress`` gets the samples finished, all of them once."""
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double().eval()
+    x = torch.rand(5, 3, dtype=torch.float64)
+    calls = []
+    kw = {"timeout": 2} if method == "bab" else {"batch_size": 2}
+    certify.verify(m, x, [0] * 5, 0.01, method=method, progress=calls.append, **kw)
+    assert sum(calls) == 5 and len(calls) == (5 if method == "bab" else 3)
+    with pytest.raises(ValueError, match="progress: expected a callable"):
+        certify.verify(m, x, [0] * 5, 0.01, method=method, progress=3, **kw)
