@@ -56,12 +56,17 @@ class CertResult:
     note: str = ""
     assumptions: str = field(default="", repr=False)
     domain: tuple | None = DOMAIN
+    label: torch.Tensor | None = None  # (B,) the labels y
 
     @property
     def worst_margin(self):
-        """min_{j != y} lower_margin (B,)."""
+        """min_{j != y} lower_margin (B,). Without ``label``, every exact 0 counts as y's own
+        column (a bound of exactly 0 elsewhere would then be skipped)."""
         m = self.lower_margin.clone()
-        m[self.lower_margin == 0] = torch.inf
+        if self.label is None:
+            m[self.lower_margin == 0] = torch.inf
+        else:
+            m[torch.arange(len(self.label)), self.label] = torch.inf
         return m.min(1).values
 
 
@@ -298,7 +303,7 @@ def _certify(model, graph, meth, x0, lower, upper, label, batch_size, eps, domai
     other[torch.arange(len(label)), label] = False
     certified = torch.where(other, lower_margin > 0, True).all(1)
     return CertResult(lower_margin, certified, meth.name, eps, time.perf_counter() - t0, note, meth.assumptions,
-                      domain)
+                      domain, label)
 
 
 def _lift(t):

@@ -204,3 +204,16 @@ def test_verify_reports_progress_per_sample(method):
     assert sum(calls) == 5 and len(calls) == (5 if method == "bab" else 3)
     with pytest.raises(ValueError, match="progress: expected a callable"):
         certify.verify(m, x, [0] * 5, 0.01, method=method, progress=3, **kw)
+
+
+def test_worst_margin_counts_a_bound_of_exactly_zero():
+    """A margin bound of exactly 0 on another class is the worst one (not certified); it was
+    skipped as if it were the label's own column."""
+    r = certify.CertResult(torch.tensor([[0.0, 0.0, 0.5]], dtype=torch.float64), torch.tensor([False]),
+                           "crown", 0.01, 0.0, label=torch.tensor([0]))
+    assert r.worst_margin.tolist() == [0.0]
+    m = nn.Sequential(nn.Linear(3, 3)).double().eval()
+    res = certify.verify(m, torch.rand(2, 3, dtype=torch.float64), [1, 2], 0.01, method="crown")
+    other = res.lower_margin.clone()
+    other[torch.arange(2), torch.tensor([1, 2])] = torch.inf
+    assert torch.equal(res.worst_margin, other.min(1).values)  # the same selection, computed twice
