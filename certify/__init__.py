@@ -9,10 +9,8 @@ from softcert.certify.api import (
     CertResult,
     attention_boxes,
     attention_scores,
-    check_supported,
     embed,
     forward,
-    graph_of,
     linear_bounds,
     verify,
     verify_box,
@@ -29,6 +27,7 @@ from softcert.certify.evaluation import (
     robust_accuracy,
 )
 from softcert.certify.graph import Graph, GraphModule
+from softcert.certify.graph_cache import check_supported, graph_of
 from softcert.certify.lowering import SOFTMAX_FORMS, softmax_form
 from softcert.certify.methods import METHODS, Method
 from softcert.certify.models import ViT

@@ -38,12 +38,14 @@ import torch
 
 from softcert.certify import crown
 from softcert.certify.attack import confirm, margins, model_dtype, pgd
+from softcert.certify.graph_cache import classes_of, graph_of
 from softcert.certify.spec import (
     DOMAIN,
     check_domain,
     check_eps,
     check_images,
     check_labels,
+    check_progress,
     inner_box,
     input_box,
     margin_spec,
@@ -605,8 +607,6 @@ def verify(model, x, label, eps, *, timeout, domain=DOMAIN, vertex=False, attack
     "full", then, for samples whose root is left open and survives the first attacks, the
     ``ROOT_OPTIMISED`` most sensitive elements of each split node optimised by alpha-CROWN).
     ``progress``: called with 1 after each sample (e.g. a tqdm bar's ``update``)."""
-    from softcert.certify.api import check_progress, classes_of, graph_of
-
     progress = check_progress(progress)
 
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) \

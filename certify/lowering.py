@@ -44,7 +44,7 @@ _SOFTMAX_FORM = contextvars.ContextVar("certify_softmax_form", default="sigmoid"
 def softmax_form(form):
     """Within the block, graphs are built with the softmax lowering ``form`` (see
     ``Builder.softmax``); "product" was the default before session 7 (2026-12-03), kept to measure what
-    the default buys. Graphs already traced (``certify.api.graph_of`` caches by form) keep theirs."""
+    the default buys. Graphs already traced (``certify.graph_cache.graph_of`` caches by form) keep theirs."""
     if form not in SOFTMAX_FORMS:
         raise ValueError(f"softmax_form: expected one of {', '.join(SOFTMAX_FORMS)}, got {form!r}")
     return context_setting(_SOFTMAX_FORM, form)

@@ -35,6 +35,13 @@ def check_eps(eps) -> float:
     return value
 
 
+def check_progress(progress):
+    """None or a callable taking a count of finished samples (a tqdm bar's ``update``)."""
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress: expected a callable (e.g. a tqdm bar's update) or None, got {progress!r}")
+    return progress
+
+
 def check_domain(domain) -> tuple:
     """(lo, hi): finite reals with lo < hi."""
     try:

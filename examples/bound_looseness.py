@@ -14,7 +14,7 @@ import json
 import torch
 
 from softcert.certify import crown, zoo
-from softcert.certify.api import graph_of
+from softcert.certify.graph_cache import graph_of
 from softcert.certify.spec import DOMAIN, input_box
 
 

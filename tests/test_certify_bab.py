@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from softcert import certify
 from softcert.certify import bab
-from softcert.certify.api import graph_of
+from softcert.certify.graph_cache import graph_of
 from softcert.certify.spec import input_box, margin_spec
 
 

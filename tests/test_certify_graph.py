@@ -3,7 +3,7 @@ import torch
 from test_certify_bab import EPS, MODEL, X
 
 from softcert.certify import crown
-from softcert.certify.api import graph_of
+from softcert.certify.graph_cache import graph_of
 from softcert.certify.spec import input_box
 
 

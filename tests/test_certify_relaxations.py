@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from softcert.certify import crown, ops, zoo
-from softcert.certify.api import graph_of
 from softcert.certify.attack import pgd
+from softcert.certify.graph_cache import graph_of
 from softcert.certify.ops.bilinear import mul_planes
 from softcert.certify.spec import input_box, margin_spec
 

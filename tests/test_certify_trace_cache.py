@@ -1,4 +1,4 @@
-"""The traced-graph cache (``certify.api.graph_of``) never answers for a model that is no
+"""The traced-graph cache (``certify.graph_cache.graph_of``) never answers for a model that is no
 longer the one traced: in-place edits through ``.data`` (which leave ``_version`` alone),
 plain attributes the forward reads, a submodule switched to train(), a hook, a global. Each
 verify after a mutation must equal the verify of a fresh copy (a fresh trace)."""
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from softcert import certify
-from softcert.certify import api
+from softcert.certify import graph_cache
 
 F64 = torch.float64
 OFFSET = [0.0]  # a global the forward of _Global reads
@@ -106,14 +106,14 @@ def test_global_state_is_caught_by_the_output_check():
 def test_unchanged_model_reuses_its_graph():
     m = _Signed().eval()
     x = _x()
-    assert api.graph_of(m, x) is api.graph_of(m, x)
+    assert graph_cache.graph_of(m, x) is graph_cache.graph_of(m, x)
 
 
 def test_uncopyable_state_is_never_reused():
     m = _Signed().eval()
     m.gen = torch.Generator()  # a C object without __dict__: cannot be compared, so never cached
     x = _x()
-    assert api.graph_of(m, x) is not api.graph_of(m, x)
+    assert graph_cache.graph_of(m, x) is not graph_cache.graph_of(m, x)
 
 
 # ---------------------------------------------------------------- mutations, property
