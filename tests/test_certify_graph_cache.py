@@ -1,4 +1,4 @@
-"""The traced-graph cache (``certify.graph_cache.graph_of``) never answers for a model that is no
+"""certify.graph_cache: the traced-graph cache (``certify.graph_cache.graph_of``) never answers for a model that is no
 longer the one traced: in-place edits through ``.data`` (which leave ``_version`` alone),
 plain attributes the forward reads, a submodule switched to train(), a hook, a global. Each
 verify after a mutation must equal the verify of a fresh copy (a fresh trace)."""
