@@ -40,7 +40,7 @@ from softcert.certify.api import linear_bounds
 from softcert.certify.lowering import F64
 from softcert.certify.methods import METHODS
 from softcert.certify.onnx_graph import OnnxNetwork, forward
-from softcert.certify.vnnlib import Property, Region
+from softcert.certify.vnnlib import Property, Region, float_up
 
 RESULTS = ("sat", "unsat", "unknown", "timeout")
 #: the methods of certify.METHODS that run on a graph (not the auto_LiRPA baselines)
@@ -228,11 +228,6 @@ def _check(rt, region, x):
 
 
 # ---------------------------------------------------------------- solve
-def _up(q: Fraction) -> float:
-    f = float(q)
-    return f if Fraction(f) >= q else float(np.nextafter(f, np.inf))
-
-
 def _spec(region, n_out):
     """Rows of all disjuncts plus each multi-row disjunct's sum: (mat, rhs, owner). A row is
     proved infeasible when its lower bound is > rhs; for a strict row (mat·Y < r) >= r
@@ -250,7 +245,7 @@ def _spec(region, n_out):
             if all(Fraction(float(c)) == c for c in col):
                 # with the rows' own rhs (not moved): lb > Σ rhs means some row exceeds its rhs
                 rows.append(np.array([float(c) for c in col]))
-                rhs.append(_up(sum((Fraction(float(v)) for v in r), Fraction(0))))
+                rhs.append(float_up(sum((Fraction(float(v)) for v in r), Fraction(0))))
                 owner.append(d)
     return (np.array(rows).reshape(len(rows), n_out), np.array(rhs, dtype=np.float64), np.array(owner, dtype=np.int64))
 

@@ -441,7 +441,7 @@ def _dnf(e, vars_, where, depth=0):
     raise ValueError(f"{_at(where, e)}: unsupported construct {op!r} in an assertion")
 
 
-def _up(q: Fraction) -> float:
+def float_up(q: Fraction) -> float:
     """The smallest float64 >= q (inf above the float64 range)."""
     if q > _FMAX:
         return math.inf
@@ -451,9 +451,9 @@ def _up(q: Fraction) -> float:
     return f if Fraction(f) >= q else float(np.nextafter(f, np.inf))
 
 
-def _down(q: Fraction) -> float:
-    """The largest float64 <= q."""
-    return -_up(-q)
+def float_down(q: Fraction) -> float:
+    """The largest float64 <= q (-inf below the float64 range)."""
+    return -float_up(-q)
 
 
 def _tighter(old, new, upper):
@@ -517,8 +517,8 @@ def _floats(box, rows, ny):
                 raise ValueError(f"{loc}: coefficient of Y_{j} beyond the float64 range (±1.8e308); "
                                  f"scale the constraint")
             mat[k, j] = float(a)
-    rhs = np.array([_up(r) for _, r, _, _ in rows], dtype=np.float64)
-    return (np.array([_down(a) for a, _, _, _ in box]), np.array([_up(b) for _, _, b, _ in box]), mat, rhs)
+    rhs = np.array([float_up(r) for _, r, _, _ in rows], dtype=np.float64)
+    return (np.array([float_down(a) for a, _, _, _ in box]), np.array([float_up(b) for _, _, b, _ in box]), mat, rhs)
 
 
 def _header(e, vars_, where, state):

@@ -188,3 +188,21 @@ def test_nesting_limit_is_generous_for_real_files():
     depth = MAX_NESTING // 4
     body = "(assert " + "(and (or " * depth + "(<= Y_0 1)" + "))" * depth + ")\n"
     assert len(parse_vnnlib(HEAD + BOX + body).regions) == 1
+
+
+def test_float_up_and_down_bracket_exact_rationals_at_every_magnitude():
+    """One outward rounding of exact rationals, shared by the reader and vnncomp (whose own copy
+    raised OverflowError on a sum of rhs literals above the float64 range)."""
+    import sys
+    from fractions import Fraction
+
+    from softcert.certify.vnnlib import float_down, float_up
+
+    big = Fraction(sys.float_info.max)
+    for q in (Fraction(1, 3), Fraction(-1, 3), Fraction(0), Fraction(10) ** -330, big, 2 * big, -2 * big):
+        up, down = float_up(q), float_down(q)
+        assert down <= up
+        if abs(q) <= big:
+            assert Fraction(down) <= q <= Fraction(up)
+    assert float_up(2 * big) == float("inf") and float_down(-2 * big) == float("-inf")
+    assert float_up(Fraction(1, 3)) > 1 / 3 and float_down(Fraction(1, 3)) == 1 / 3
