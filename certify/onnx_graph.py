@@ -460,8 +460,7 @@ def _identity(lw, name, at, x, *rest):
 
 
 def _dropout(lw, name, at, x, ratio=None, training=None):
-    if training is not None and bool(np.asarray(_need_const(training, "training_mode")).reshape(-1)[0]):
-        raise ValueError("dropout in training mode")
+    """Inference dropout is the identity (training mode never reaches here: ``_not_inference``)."""
     return x, None
 
 
@@ -620,8 +619,7 @@ def _reduce(mean):
 
 
 def _batch_norm(lw, name, at, x, scale, bias, mean, var, *rest):
-    if at.get("training_mode", 0):
-        raise ValueError("batch norm in training mode")
+    # training mode (attribute or extra outputs) was refused by ``_not_inference``
     for v, what in ((scale, "scale"), (bias, "B"), (mean, "input_mean"), (var, "input_var")):
         _need_const(v, what)
     if len(lw.shape(x)) < 2:
