@@ -33,10 +33,12 @@ def _float32_from_bits(bits: torch.Tensor) -> torch.Tensor:
     return signed.view(torch.float32)
 
 
-def _ulp32(ref: torch.Tensor) -> torch.Tensor:
-    """The float32 spacing at |ref| (float64): 2^(e - 24) for ref = m 2^e, m in [0.5, 1)."""
+def _spacing(ref: torch.Tensor, digits: int, smallest: int) -> torch.Tensor:
+    """The spacing of a format with ``digits`` significand bits at |ref| (float64):
+    2^(e - digits) for ref = m 2^e, m in [0.5, 1), never below the subnormal quantum
+    2^smallest (float32: 24, -149; float64: 53, -1074)."""
     _, e = torch.frexp(ref)
-    return torch.exp2((e.to(torch.float64) - 24).clamp(min=-149))
+    return torch.exp2((e.to(torch.float64) - digits).clamp(min=smallest))
 
 
 def exp32_sweep(libdevice: bool | None, stride: int = 1, chunk: int = 2**26) -> dict:
@@ -51,7 +53,7 @@ def exp32_sweep(libdevice: bool | None, stride: int = 1, chunk: int = 2**26) -> 
         x = _float32_from_bits(torch.arange(start, stop, stride, dtype=torch.int64, device=dev))
         y = kernel_exp(x, libdevice).to(torch.float64)
         ref = torch.exp(x.to(torch.float64))
-        err = (y - ref).abs() / _ulp32(ref)
+        err = (y - ref).abs() / _spacing(ref, 24, -149)
         i = int(err.argmax())
         if float(err[i]) > worst:
             worst, at = float(err[i]), float(x[i])
@@ -84,8 +86,7 @@ def exp64_sample(n: int, assumed: float, seed: int = 0, exact_limit: int = 1000)
                    torch.tensor([0.0, -1e-300, -708.39, -709.78, -744.44, -745.13], dtype=torch.float64)])
     y = kernel_exp(x).cpu()
     ref = torch.exp(x)
-    _, e = torch.frexp(ref)
-    err = (y - ref).abs() / torch.exp2((e.to(torch.float64) - 53).clamp(min=-1074))
+    err = (y - ref).abs() / _spacing(ref, 53, -1074)
     suspects = (err > assumed - 1).nonzero().flatten().tolist()
     exact = [_exact_ulps64(float(x[i]), float(y[i])) for i in suspects[:exact_limit]]
     worst = max(exact, default=0.0) if len(suspects) <= exact_limit else math.inf
