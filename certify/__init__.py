@@ -6,7 +6,6 @@ Any torch module built from supported operators (``supported_operators``) is tra
 from softcert.certify.api import (
     AttentionBox,
     AttentionScores,
-    CertResult,
     attention_boxes,
     attention_scores,
     embed,
@@ -17,7 +16,6 @@ from softcert.certify.api import (
     verify_text,
 )
 from softcert.certify.attack import AttackResult, attack
-from softcert.certify.bab import BabResult, BabVerdict
 from softcert.certify.evaluation import (
     Evaluation,
     Record,
@@ -26,12 +24,14 @@ from softcert.certify.evaluation import (
     evaluate,
     robust_accuracy,
 )
-from softcert.certify.graph import Graph, GraphModule
+from softcert.certify.graph import AttentionSite, Graph, GraphModule
 from softcert.certify.graph_cache import check_supported, graph_of
 from softcert.certify.lowering import SOFTMAX_FORMS, softmax_form
 from softcert.certify.methods import METHODS, Method
 from softcert.certify.models import ViT
 from softcert.certify.ops import OPERATORS, Operator
+from softcert.certify.options import AttackOptions, BabOptions, BoundOptions, PropagationOptions
+from softcert.certify.result import CertResult, Problem, SampleVerdict
 from softcert.certify.trace import logits_of, supported_operators, trace
 from softcert.certify.vnnlib import Property, Region, read_vnnlib
 
@@ -47,7 +47,8 @@ def __getattr__(name):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'softcert.certify' has no attribute {name!r}")
 
-__all__ = ["METHODS", "OPERATORS", "SOFTMAX_FORMS", "AttackResult", "AttentionBox", "AttentionScores", "BabResult", "BabVerdict", "CertResult", "Evaluation", "Graph", "GraphModule",
+__all__ = ["METHODS", "OPERATORS", "SOFTMAX_FORMS", "AttackResult", "AttackOptions", "AttentionBox", "AttentionScores", "AttentionSite", "BabOptions", "BoundOptions",
+           "CertResult", "Problem", "PropagationOptions", "SampleVerdict", "Evaluation", "Graph", "GraphModule",
            "Method", "Operator", "Record", "SoundnessError", "ViT", "attack", "attention_boxes", "attention_scores",
            "certified_accuracy", "check_supported", "embed", "evaluate", "forward", "graph_of", "linear_bounds",
            "logits_of", "robust_accuracy", "softmax_form", "supported_operators", "trace", "verify", "verify_box", "verify_text"]

@@ -36,6 +36,7 @@ from softcert.certify.ops import (
     weighted_sum,
 )
 from softcert.certify.ops import arithmetic as rounding
+from softcert.certify.options import PropagationOptions
 
 ARITHMETIC = ("Sound float64: bounds enclose the real-arithmetic function of the float64 graph (float32 "
               "weights lift exactly). Standard model fl(x op y) = (x op y)(1 + d), |d| <= u = 2^-53, "
@@ -47,14 +48,15 @@ ARITHMETIC = ("Sound float64: bounds enclose the real-arithmetic function of the
               "intervals are the operators' own (certify.ops: certified intercepts and self-charged "
               "steps, libm within their stated ulps); "
               "Vertex-Softmax assumes exp within 2 ulp (bounds.vertex_softmax). No heuristic widening.")
-#: the old relative widening, used only with arithmetic="plain" (no proof rests on it)
-SLACK = 1e-9
-ELEMENT_BUDGET = 2**23  # elements of one coefficient tensor: bounds the spec chunk size
+#: the propagation algorithms: interval bounds only, CROWN, CROWN with Vertex-Softmax intervals
+ALGORITHMS = ("ibp", "crown", "vertex")
+DEFAULT = PropagationOptions()
 
 
-def _widen_lower(v):
+def _widen_lower(v, slack):
+    # the old relative widening of arithmetic="plain" (no proof rests on it)
     v = torch.nan_to_num(v, nan=-torch.inf)  # NaN from overflowed bounds: no information
-    return v - SLACK * (1 + v.abs())
+    return v - slack * (1 + v.abs())
 
 
 def _ambient(arithmetic):
@@ -65,8 +67,8 @@ def _ambient(arithmetic):
     return arithmetic
 
 
-def _mode(state, arithmetic=None):
-    return getattr(state, "arithmetic", "sound") if arithmetic is None else _ambient(arithmetic)
+def _mode(state):
+    return state.arithmetic
 
 
 def _no_info(v):
@@ -74,12 +76,13 @@ def _no_info(v):
     return torch.nan_to_num(v, nan=-torch.inf, posinf=torch.inf, neginf=-torch.inf)
 
 
-def _concretise(bias, A, l, u, sound):
-    """A float64 <= bias + min over the box [l, u] (B, *shape) of A·x (A (B, S, *shape)):
-    Σ_o A⁺_o l_o + A⁻_o u_o (``_add_pair_sum``)."""
+def _concretise(bias, A, box, sound, slack):
+    """A float64 <= bias + min over the box (l, u) (B, *shape) of A·x (A (B, S, *shape)):
+    Σ_o A⁺_o l_o + A⁻_o u_o (``_add_pair_sum``); ``slack``: the widening of unsound mode."""
+    l, u = box
     if not sound:
         t = A.clamp(min=0) * l.unsqueeze(1) + A.clamp(max=0) * u.unsqueeze(1)
-        return _widen_lower(bias + ops.sum_rest(t))
+        return _widen_lower(bias + ops.sum_rest(t), slack)
     return _no_info(_add_pair_sum(bias, A.clamp(min=0), A.clamp(max=0), l.unsqueeze(1), u.unsqueeze(1)))
 
 
@@ -108,14 +111,58 @@ def _accumulate(state, coef, j, a, bias, sound):
 
 
 class BoundState:
-    """Bounds (l, u) of every node for one batch of input boxes, plus softmax shifts."""
+    """Bounds (l, u) of every node for one batch of input boxes (``bounds``: node id -> (l, u),
+    each (B, *shape)), the softmax shifts (``consts``) and the options and arithmetic they were
+    computed under. The default planes of elementwise nodes are cached (``planes``); the state
+    drops a node's cached planes itself whenever the bounds of its input change
+    (``tighten``, ``track``)."""
 
-    def __init__(self, graph, xl, xu):
+    def __init__(self, graph, xl, xu, options=DEFAULT):
         self.g = graph
         self.bounds = {0: (xl, xu)}
         self.consts = {}
         self.planes = {}  # elementwise node id -> default planes (see _planes)
         self.batch = xl.shape[0]
+        self.options = options
+        self.arithmetic = _ambient(options.arithmetic)
+        self._users = None
+
+    def _consumers_of(self, i):
+        if self._users is None:
+            self._users = _consumers(self.g)
+        return self._users[i]
+
+    def tighten(self, i, l, u):
+        """Set node i's bounds to (l, u) (the caller's proof that they enclose z_i)."""
+        self.bounds[i] = (l, u)
+        for c in self._consumers_of(i):
+            self.planes.pop(c, None)
+
+    def track(self, nodes):
+        """Replace the bounds of ``nodes`` by fresh copies that require grad (gradients of a
+        bound with respect to them: split scores, worst points); returns node -> (l, u)."""
+        leaves = {}
+        for i in nodes:
+            leaves[i] = tuple(t.detach().clone().requires_grad_(True) for t in self.bounds[i])
+            self.tighten(i, *leaves[i])
+        return leaves
+
+    def expand(self, batch):
+        """This state (batch 1) copied for ``batch`` input boxes (views, no copies)."""
+        ex = lambda t: t.expand(batch, *t.shape[1:])  # noqa: E731
+        out = BoundState(self.g, *(ex(t) for t in self.bounds[0]), self.options)
+        out.arithmetic = self.arithmetic
+        out.consts = {i: ex(c) if c.dim() and c.shape[0] == 1 else c for i, c in self.consts.items()}
+        out.bounds = {i: (ex(l), ex(u)) for i, (l, u) in self.bounds.items()}
+        return out
+
+    def detached(self):
+        """This state with every bound detached from autograd (the same values)."""
+        out = BoundState(self.g, *(t.detach() for t in self.bounds[0]), self.options)
+        out.arithmetic = self.arithmetic
+        out.bounds = {i: (l.detach(), u.detach()) for i, (l, u) in self.bounds.items()}
+        out.consts = self.consts
+        return out
 
 
 # ---------------------------------------------------------------- interval propagation
@@ -126,7 +173,7 @@ def ibp_node(state, i):
 
 
 # ---------------------------------------------------------------- backward propagation
-def backward(state, target, A, *, alphas=None, vertex_pv=(), arithmetic=None, constraints=None):
+def backward(state, target, A, *, alphas=None, vertex_pv=(), constraints=None):
     """Lower bound (B, S) of A·x_target over the input box. ``A``: (B, S, *shape).
 
     ``alphas``: node id -> ReLU lower slopes (B, S, *shape). ``vertex_pv``: ids of P·V
@@ -136,10 +183,10 @@ def backward(state, target, A, *, alphas=None, vertex_pv=(), arithmetic=None, co
     Lagrange multipliers beta (B, S, *shape; negative values count as 0) adding
     -beta_lo (z - lo) - beta_hi (hi - z) <= 0 to A·x_target (beta-CROWN, Wang et al. 2021;
     any beta >= 0 is sound, the multipliers only change tightness).
-    ``arithmetic``: "sound" or "plain" (default: the one ``propagate`` used).
+    The arithmetic is the state's (``propagate``'s options).
     Invariant (sound): A·x_target >= Σ_j coef_j·x_j + bias for every real input in the box,
     with the float64 coef and bias as they stand; each step keeps it by charging its error."""
-    mode = _mode(state, arithmetic)
+    mode = _mode(state)
     with rounding(mode):
         return _backward(state, target, A, alphas, vertex_pv, mode == "sound", constraints or {})
 
@@ -175,7 +222,7 @@ def _backward(state, target, A, alphas, vertex_pv, sound, constraints):
         Ai, node = coef.pop(i), g.nodes[i]
         op = node.operator
         if op.kind == "input":
-            return _concretise(bias, Ai, *state.bounds[i], sound)
+            return _concretise(bias, Ai, state.bounds[i], sound, state.options.plain_slack)
         if i in vertex_pv:
             bias = add(bias, vertex_pv_term(state, i, Ai))
             continue
@@ -190,7 +237,7 @@ def _backward(state, target, A, alphas, vertex_pv, sound, constraints):
             bias = _accumulate(state, coef, j, a, bias, sound)
     # no coefficient reached the input (e.g. Vertex-Softmax bounded every path through P·V):
     # the bound is the constant collected so far
-    return _no_info(bias) if sound else _widen_lower(bias)
+    return _no_info(bias) if sound else _widen_lower(bias, state.options.plain_slack)
 
 
 def _planes(state, i):
@@ -209,14 +256,14 @@ def vertex_pv_term(state, pv, A):
     Sound: the computed c (two products of length d and a sum) is lowered by
     γ_(d+1) (|A| max|v|)_ik + 3(d+1)·2^-1074, so it is <= the real minimum; the row bounds
     are outward (bounds.vertex_softmax) and their sum is charged γ_(n+1) Σ|row|."""
-    att = next(a for a in state.g.attention if a["pv"] == pv)
-    vl, vu = (t.unsqueeze(1) for t in state.bounds[att["values"]])
-    yl, yu = (t.unsqueeze(1) for t in state.bounds[att["shifted"]])
+    att = next(a for a in state.g.attention if a.pv == pv)
+    vl, vu = (t.unsqueeze(1) for t in state.bounds[att.values])
+    yl, yu = (t.unsqueeze(1) for t in state.bounds[att.shifted])
     ap, an = A.clamp(min=0), A.clamp(max=0)
     c = ap @ vl.transpose(-1, -2) + an @ vu.transpose(-1, -2)
     sound = ops.is_sound()
     if not sound:
-        c = _widen_lower(c)
+        c = _widen_lower(c, state.options.plain_slack)
     else:
         d = vl.shape[-1]
         c = _no_info(sub_down(c, gamma_charge(A.abs() @ magnitude(vl, vu).transpose(-1, -2), d + 1)))
@@ -230,8 +277,8 @@ def vertex_pv_term(state, pv, A):
 def crown_node(state, i, select=None, optimise=0, lr=0.1, deadline=None):
     """CROWN bounds (l, u) of node i, each (B, *shape): one lower row e_k and one upper row
     -e_k per element k where ``select`` (bool (B, *shape); default all) holds, in chunks of
-    about CHUNK_ELEMENTS coefficients (few large chunks: the backward pass is overhead bound; see
-    CHUNK_ELEMENTS). Unselected elements get (-inf, inf). Images of a batch with fewer selected elements are
+    about ``chunk_elements`` coefficients (the state's options; few large chunks: the backward
+    pass is overhead bound). Unselected elements get (-inf, inf). Images of a batch with fewer selected elements are
     padded with rows whose result is discarded. ``optimise`` > 0: each row's bound is
     alpha-CROWN's (``optimised_lower``, that many Adam steps at rate ``lr``): the relaxations of
     every node up to i optimised for that row alone; chunks not started by ``deadline`` (a
@@ -240,7 +287,7 @@ def crown_node(state, i, select=None, optimise=0, lr=0.1, deadline=None):
     shape = state.g.nodes[i].shape
     m, b = _numel(shape), state.batch
     widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
-    half = max(1, CHUNK_ELEMENTS // (2 * b * widest))
+    half = max(1, state.options.chunk_elements // (2 * b * widest))
     lo = torch.full((b, m), -torch.inf, dtype=torch.float64)
     hi = torch.full((b, m), torch.inf, dtype=torch.float64)
     if select is None:
@@ -260,7 +307,7 @@ def crown_node(state, i, select=None, optimise=0, lr=0.1, deadline=None):
         A[:, :c].scatter_(2, cidx.unsqueeze(-1), 1.0)
         A[:, c:].scatter_(2, cidx.unsqueeze(-1), -1.0)
         A = A.reshape(b, 2 * c, *shape)
-        out = optimised_lower(state, i, A, optimise, lr, per_product=INTERMEDIATE_PER_PRODUCT) \
+        out = optimised_lower(state, i, A, optimise, lr, per_product=state.options.intermediate_per_product) \
             if optimise else backward(state, i, A)
         del A
         lo.scatter_reduce_(1, cidx, torch.where(cval, out[:, :c], -torch.inf), "amax")
@@ -288,7 +335,7 @@ def _clip(l, u, value_range):
     return l.clamp(min=lo, max=hi), u.clamp(min=lo, max=hi)
 
 
-def _domain(node, l, u):
+def _clip_to_value_range(node, l, u):
     # NaN only arises from overflowed interval arithmetic (inf - inf, 0·inf): no information
     l, u = torch.nan_to_num(l, nan=-torch.inf), torch.nan_to_num(u, nan=torch.inf)
     l, u = _clip(l, u, node.operator.value_range)
@@ -296,42 +343,40 @@ def _domain(node, l, u):
     return l, torch.maximum(l, u)
 
 
-def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmetic=None, intermediate="full",
-              deadline=None, optimise=None):
-    """Bounds of every node. crown=False: IBP only. vertex=True: softmax probabilities and
-    attention outputs are also intersected with their exact Vertex-Softmax intervals.
-    ``anchor``: the input point (default: the box centre) whose winning key j* per attention
-    row is subtracted from the scores (any choice is exact; it only changes tightness).
-    ``arithmetic``: "sound" or "plain" (see ``ARITHMETIC``; default: "sound", unless inside
-    ``certify.ops.arithmetic("plain")``); kept on the state for ``backward``.
-    ``intermediate`` (how the nodes of ``_needs_bounds`` get CROWN bounds):
+def propagate(graph, xl, xu, *, algorithm="crown", centre=None, options=DEFAULT, deadline=None, optimise=None):
+    """Bounds of every node over the input boxes [xl, xu] (B, *input shape): a ``BoundState``.
+    ``algorithm`` (``ALGORITHMS``): "ibp" (interval bounds only), "crown" (CROWN bounds of the
+    inputs of nonlinear nodes, intersected with IBP), "vertex" (CROWN, with softmax
+    probabilities and attention outputs also intersected with their exact Vertex-Softmax
+    intervals). ``centre``: the input point (default: the box centre) whose winning key j* per
+    attention row is subtracted from the scores (any choice is exact; it only changes
+    tightness). ``options`` (``PropagationOptions``): the arithmetic (kept on the state for
+    ``backward``; see ``ARITHMETIC``) and ``intermediate``, how the nodes of ``_needs_bounds``
+    get CROWN bounds:
     - "full" (default): every element except those whose IBP interval has zero width (CROWN
       cannot tighten them), in cache-sized chunks: the same bounds as "dense";
     - "sparse": also skips elements on which IBP already decides every consumer's relaxation
       (``_decided``: e.g. a ReLU input with l >= 0 or u <= 0). The relaxations are then the
       same, but the skipped elements keep their IBP bounds, and later IBP intervals that
       start from them can be looser, so a later node where IBP beat CROWN can end looser;
-    - "dense": the algorithm before, [I; -I] over every element in ELEMENT_BUDGET chunks
-      (kept for the depth benchmark and the test that "full" is no looser);
+    - "dense" (measurement only): the algorithm before, [I; -I] over every element in
+      ``element_budget`` chunks (for the depth benchmark and the test that "full" is no looser);
     - "alpha": "full", then the elements whose consumers' relaxations are still undecided
-      (``_decided``) re-bounded by alpha-CROWN (``INTERMEDIATE_STEPS`` Adam steps per row,
+      (``_decided``) re-bounded by alpha-CROWN (``intermediate_steps`` Adam steps per row,
       every relaxation up to the node optimised for that row; Xu et al. 2021 optimise the
       intermediate bounds in the same way) and intersected: no looser than "full" at each
       node given the same upstream bounds, and about 30x its time on mnist-vit1
       (docs/certify/bab.notes.md). ``deadline`` (a ``time.monotonic()`` value): optimisation
       stops there and the remaining elements keep their "full" bounds. ``optimise``: node id ->
       bool (B, *shape), the only elements "alpha" optimises (default: every undecided one)."""
-    if intermediate not in INTERMEDIATE:
-        raise ValueError(f"intermediate: expected one of {', '.join(INTERMEDIATE)}, got {intermediate!r}")
-    arithmetic = _ambient(arithmetic)
-    state = BoundState(graph, xl, xu)
-    state.arithmetic = arithmetic
-    need = _needs_bounds(graph) if crown else set()
-    users = _consumers(graph)
-    att_of = {a["probs"]: a for a in graph.attention} | {a["pv"]: a for a in graph.attention}
-    centre = [(xl + xu) / 2 if anchor is None else anchor]
-    for node in graph.nodes[1:]:
-        centre.append(ops.forward(node, [centre[j] for j in node.inputs]))
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm: expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    if not isinstance(options, PropagationOptions):
+        raise ValueError(f"options: expected a PropagationOptions, got {type(options).__name__}")
+    state = BoundState(graph, xl, xu, options)
+    need = _needs_bounds(graph) if algorithm != "ibp" else set()
+    att_of = {a.probs: a for a in graph.attention} | {a.pv: a for a in graph.attention}
+    centre = graph.values((xl + xu) / 2 if centre is None else centre, lifted=True)
     for i in range(1, len(graph.nodes)):
         node = graph.nodes[i]
         if node.operator.anchor is not None:
@@ -341,42 +386,37 @@ def propagate(graph, xl, xu, *, crown=True, vertex=False, anchor=None, arithmeti
             state.consts[i] = node.operator.anchor(*[centre[j] for j in node.inputs])
         l, u = ibp_node(state, i)
         if i in need:
-            if intermediate == "dense":
-                cl, cu = _crown_dense(state, i)
-            else:
-                select = ~(l == u)  # NaN (no information) stays selected
-                if intermediate == "sparse":
-                    select &= ~_decided(graph, users[i], l, u)
-                cl, cu = crown_node(state, i, select)
-            l, u = torch.maximum(l, cl), torch.minimum(u, cu)
-            del cl, cu
-            if intermediate == "alpha":
-                # optimise only where CROWN left some consumer's relaxation undecided
-                select = ~(l == u) & ~_decided(graph, users[i], l, u)
-                if optimise is not None:
-                    select &= optimise[i] if i in optimise else torch.zeros_like(select)
-                if select.any() and (deadline is None or time.monotonic() < deadline):
-                    cl, cu = crown_node(state, i, select, optimise=INTERMEDIATE_STEPS, deadline=deadline)
-                    l, u = torch.maximum(l, cl), torch.minimum(u, cu)
-        if vertex and i in att_of:
+            l, u = _intermediate(state, i, (l, u), deadline, optimise)
+        if algorithm == "vertex" and i in att_of:
             vl, vu = _vertex_interval(state, att_of[i], i)
             l, u = torch.maximum(l, vl), torch.minimum(u, vu)
-        state.bounds[i] = _domain(node, l, u)
+        state.bounds[i] = _clip_to_value_range(node, l, u)
     return state
 
 
-INTERMEDIATE = ("full", "sparse", "dense", "alpha")
-#: Adam steps per row of an intermediate bound optimised by ``intermediate="alpha"``
-INTERMEDIATE_STEPS = 10
-#: whether those rows give each product of a matmul its own alpha (``certify.ops.bilinear``)
-INTERMEDIATE_PER_PRODUCT = False
-#: coefficients per chunk of intermediate-bound rows (crown_node): 2 MB of float64. The
-#: backward pass is dominated by per-step Python overhead, so fewer, larger chunks win:
-#: `python examples/chunk_benchmark.py --images 4` (one thread, quiet machine, 2026-12-03)
-#: gave CPU s per image 7.1 / 2.4 / 1.4 / 1.3 (mnist-vit1) and 23.6 / 8.5 / 4.9 / 4.9
-#: (mnist-vit2) for 2**14 / 2**16 / 2**18 / 2**20, with identical margins. (An earlier
-#: measurement under heavy load favoured 2**14; it did not reproduce on a quiet machine.)
-CHUNK_ELEMENTS = 2**18
+def _intermediate(state, i, box, deadline, optimise):
+    """Node i's IBP box (l, u) intersected with its CROWN bounds by the options' algorithm
+    (``propagate``)."""
+    l, u = box
+    mode, users = state.options.intermediate, state._consumers_of(i)
+    if mode == "dense":
+        cl, cu = _crown_dense(state, i)
+    else:
+        select = ~(l == u)  # NaN (no information) stays selected
+        if mode == "sparse":
+            select &= ~_decided(state.g, users, l, u)
+        cl, cu = crown_node(state, i, select)
+    l, u = torch.maximum(l, cl), torch.minimum(u, cu)
+    del cl, cu
+    if mode == "alpha":
+        # optimise only where CROWN left some consumer's relaxation undecided
+        select = ~(l == u) & ~_decided(state.g, users, l, u)
+        if optimise is not None:
+            select &= optimise[i] if i in optimise else torch.zeros_like(select)
+        if select.any() and (deadline is None or time.monotonic() < deadline):
+            cl, cu = crown_node(state, i, select, optimise=state.options.intermediate_steps, deadline=deadline)
+            l, u = torch.maximum(l, cl), torch.minimum(u, cu)
+    return l, u
 
 
 def _numel(shape):
@@ -414,11 +454,11 @@ def _decided(graph, users, l, u):
 
 def _crown_dense(state, i):
     """CROWN bounds of node i with specs [I; -I] over every element, chunked to stay within
-    ELEMENT_BUDGET (the intermediate-bound algorithm before "full")."""
+    the options' ``element_budget`` (the intermediate-bound algorithm before "full")."""
     shape = state.g.nodes[i].shape
     m = _numel(shape)
     widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
-    chunk = max(1, ELEMENT_BUDGET // (state.batch * widest))
+    chunk = max(1, state.options.element_budget // (state.batch * widest))
     eye = torch.eye(m, dtype=torch.float64)
     spec = torch.cat([eye, -eye])
     out = []
@@ -430,13 +470,13 @@ def _crown_dense(state, i):
 
 
 def _vertex_interval(state, att, i):
-    yl, yu = state.bounds[att["shifted"]]
-    if i == att["probs"]:
+    yl, yu = state.bounds[att.shifted]
+    if i == att.probs:
         n = yl.shape[-1]
         c = torch.eye(n, dtype=yl.dtype)  # row i picks p_i: exact elementwise interval
         r = vertex_softmax(c, yl.unsqueeze(-2), yu.unsqueeze(-2))
         return r.lower, r.upper
-    vl, vu = state.bounds[att["values"]]
+    vl, vu = state.bounds[att.values]
     # o_id in [min_s Σ_k p_k vl_kd, max_s Σ_k p_k vu_kd], rows (i, d) over keys k
     lo = vertex_softmax(vl.transpose(-1, -2).unsqueeze(-3), yl.unsqueeze(-2), yu.unsqueeze(-2)).lower
     hi = vertex_softmax(vu.transpose(-1, -2).unsqueeze(-3), yl.unsqueeze(-2), yu.unsqueeze(-2)).upper
@@ -446,7 +486,7 @@ def _vertex_interval(state, att, i):
 def ibp_lower(state, C):
     """IBP lower bound of C·z from the logit interval (rounded down, as the concretisation)."""
     l, u = state.bounds[state.g.output]
-    return _concretise(C.new_zeros(C.shape[:2]), C, l, u, _mode(state) == "sound")
+    return _concretise(C.new_zeros(C.shape[:2]), C, (l, u), _mode(state) == "sound", state.options.plain_slack)
 
 
 def most_sensitive(state, target, A, nodes, fraction, alphas=None):
@@ -455,11 +495,9 @@ def most_sensitive(state, target, A, nodes, fraction, alphas=None):
     rows) is most sensitive to, scored by the first-order gain of tightening them:
     ((d bound / d l)⁺ + (-d bound / d u)⁺) · (u - l). Elements of score 0 are never chosen.
     Used to pick the intermediate bounds worth optimising (``propagate(..., optimise=)``)."""
-    saved, planes = {i: state.bounds[i] for i in nodes}, state.planes
-    leaves = {i: tuple(t.detach().clone().requires_grad_(True) for t in saved[i]) for i in nodes}
+    saved, planes = {i: state.bounds[i] for i in nodes}, dict(state.planes)
     try:
-        state.bounds.update(leaves)
-        state.planes = {}  # the cached planes carry no gradient to the bounds
+        leaves = state.track(nodes)
         with torch.enable_grad():
             lo = backward(state, target, A, alphas=alphas)
             fin = torch.isfinite(lo)
@@ -483,50 +521,68 @@ def most_sensitive(state, target, A, nodes, fraction, alphas=None):
     return out
 
 
+def adam_ascent(bound, params, steps, lr, best):
+    """``steps`` Adam steps at rate ``lr`` ascending the sum of the finite entries of
+    ``bound(values)`` (B, S) over the parameters ``params`` (key -> ``ops.Params``, start
+    (B, S, ...)), each projected onto its sound range before every evaluation and after every
+    step: the one optimiser loop of alpha-CROWN and of branch and bound. Returns (best, kept,
+    last): the rowwise max of ``best`` and of every bound evaluated; per key the projected
+    values that gave each row its best bound (the start where none beat ``best``); the last
+    iterate (projected). It runs with gradients on even inside ``torch.no_grad()``."""
+    x = {k: p.start.detach().clone().requires_grad_(True) for k, p in params.items()}
+    kept = {k: p.project(x[k].detach()) for k, p in params.items()}
+    with torch.enable_grad():
+        opt = torch.optim.Adam(list(x.values()), lr=lr)
+        for _ in range(steps):
+            lo = bound({k: p.project(x[k]) for k, p in params.items()})
+            with torch.no_grad():
+                better = lo > best
+                best = torch.maximum(best, lo)
+                for k, a in x.items():
+                    w = better.view(*better.shape, *([1] * (a.dim() - 2)))
+                    kept[k] = torch.where(w, params[k].project(a), kept[k])
+            opt.zero_grad()
+            # rows already at -inf or NaN (no information) must not poison the others' steps
+            (-lo[torch.isfinite(lo)].sum()).backward()
+            opt.step()
+            with torch.no_grad():
+                for k, a in x.items():
+                    a.copy_(params[k].project(a))
+    return best, kept, {k: a.detach() for k, a in x.items()}
+
+
 def alpha_crown(state, C, iterations=20, lr=0.1, *, operators=None, per_product=True):
     """CROWN with the free relaxation parameters of the final specification optimised jointly
     by Adam (alpha-CROWN, Xu et al. 2021), per target class: every alpha has the spec axis S.
 
-    The parameters are those every operator declares (``alpha_start``): the lower slope or
-    tangent point of the elementwise maps (relu, exp, neg_log, reciprocal, square, rsqrt, gelu,
-    gelu_tanh, tanh, sigmoid) and the McCormick interpolation of the products (mul, matmul).
-    Warm start: the CROWN choice; after every Adam step each alpha is projected onto its
-    range, where every value gives a sound bound, so the optimisation only changes
-    tightness; the best bound per row over all steps is kept. ``operators``: the names of
-    the operators to optimise (None: all; ("relu",): the ReLU-only alpha-CROWN).
-    ``per_product``: one alpha per product of a matmul (False: one per output element)."""
+    The parameters are those every operator declares (``Operator.initial_params``): the lower
+    slope or tangent point of the elementwise maps (relu, exp, neg_log, reciprocal, square,
+    rsqrt, gelu, gelu_tanh, tanh, sigmoid) and the McCormick interpolation of the products
+    (mul, matmul). Warm start: the CROWN choice; every alpha is projected onto its range,
+    where every value gives a sound bound, so the optimisation only changes tightness; the
+    best bound per row over all steps is kept. ``operators``: the names of the operators to
+    optimise (None: all; ("relu",): the ReLU-only alpha-CROWN). ``per_product``: one alpha
+    per product of a matmul (False: one per output element)."""
     return optimised_lower(state, state.g.output, C, iterations, lr, operators=operators, per_product=per_product)
 
 
 def optimised_lower(state, target, A, iterations=20, lr=0.1, *, operators=None, per_product=True):
     """Lower bound (B, S) of A·x_target (as ``backward``), with the parameters of every
     optimisable node up to ``target`` optimised per row by ``iterations`` Adam steps at rate
-    ``lr`` (``alpha_crown``; it runs with gradients on even inside ``torch.no_grad()``)."""
+    ``lr`` (``adam_ascent``; the last iterate is bounded too)."""
     best = backward(state, target, A)
-    alphas, ranges = {}, {}
+    params = {}
     for i in sorted(_ancestors(state.g, target)):
-        node = state.g.nodes[i]
-        if operators is not None and node.op not in operators:
+        if operators is not None and state.g.nodes[i].op not in operators:
             continue
-        start = alpha_start(state, i, A.shape[1], per_product)
+        start = initial_params(state, i, A.shape[1], per_product)
         if start is not None:
-            alphas[i], ranges[i] = start[0].requires_grad_(True), start[1]
-    if not alphas or iterations <= 0:
+            params[i] = start
+    if not params or iterations <= 0:
         return best
-    with torch.enable_grad():
-        opt = torch.optim.Adam(list(alphas.values()), lr=lr)
-        for _ in range(iterations):
-            lo = backward(state, target, A, alphas=alphas)
-            best = torch.maximum(best, lo.detach())
-            opt.zero_grad()
-            # rows already at -inf or NaN (no information) must not poison the others' steps
-            (-torch.where(torch.isfinite(lo), lo, 0.0).sum()).backward()
-            opt.step()
-            with torch.no_grad():
-                for i, a in alphas.items():
-                    a.clamp_(*ranges[i])
+    best, _, last = adam_ascent(lambda a: backward(state, target, A, alphas=a), params, iterations, lr, best)
     with torch.no_grad():
-        lo = backward(state, target, A, alphas=alphas)
+        lo = backward(state, target, A, alphas=last)
     return torch.maximum(best, lo)
 
 
@@ -541,23 +597,10 @@ def _ancestors(graph, target):
     return seen
 
 
-ALPHA_RANGE = (0.0, 1.0)  # the range of an elementwise family's parameter (``Elementwise``)
-
-
-def alpha_start(state, i, specs, per_product=True):
-    """(warm start (B, S, *shape), range) of node i's free parameters, or None: the
-    elementwise families declare ``slope_init(l, u)`` on their input box, the products
-    ``alpha_init(batch, shape, input shapes)`` and ``alpha_range``."""
+def initial_params(state, i, specs, per_product=True):
+    """Node i's free relaxation parameters (``ops.Params``: CROWN's choice for ``specs`` rows
+    and the sound range), as its operator declares them on the state's bounds, or None."""
     node = state.g.nodes[i]
-    op = node.operator
     with torch.no_grad():
-        if op.kind == "elementwise" and getattr(op, "slope_init", None) is not None:
-            l, u = state.bounds[node.inputs[0]]
-            init, rng = op.slope_init(l, u), ALPHA_RANGE
-        elif op.kind == "bilinear" and callable(getattr(op, "alpha_init", None)):
-            ins = [state.g.nodes[j].shape for j in node.inputs] if per_product else None
-            init, rng = op.alpha_init(state.batch, node.shape, ins), op.alpha_range
-        else:
-            return None
-        init = init.to(torch.float64).unsqueeze(1)
-        return init.expand(-1, specs, *init.shape[2:]).clone(), rng
+        return node.operator.initial_params(node, [state.bounds[j] for j in node.inputs],
+                                            [state.g.nodes[j].shape for j in node.inputs], specs, per_product)

@@ -32,15 +32,27 @@ class Node:
         return ops.get(self.op)
 
 
+@dataclass(frozen=True)
+class AttentionSite:
+    """One softmax over the last axis, by node ids: its ``scores``, the ``shifted`` scores
+    (minus the anchor key's), the probabilities ``probs`` and, when they multiply a value
+    matrix, the ``values`` and the product ``pv`` (else None): what Vertex-Softmax needs."""
+
+    scores: int
+    shifted: int
+    probs: int
+    values: int | None = None
+    pv: int | None = None
+    name: str = ""
+
+
 class Graph:
     """Nodes in topological order; node 0 is the input, the last node the output.
-    ``attention``: one dict per softmax over the last axis, with the node ids of its
-    ``scores``, ``shifted`` scores, ``probs`` and, when the probabilities multiply a value
-    matrix, ``values`` and ``pv`` (else None): what Vertex-Softmax needs."""
+    ``attention``: one ``AttentionSite`` per softmax over the last axis."""
 
     def __init__(self):
         self.nodes: list[Node] = []
-        self.attention: list[dict] = []
+        self.attention: list[AttentionSite] = []
 
     def add(self, op, inputs, shape, name="", value_range=(None, None), **params):
         """Append a node applying the registered operator ``op``; returns its id."""
@@ -54,13 +66,14 @@ class Graph:
     def output(self):
         return len(self.nodes) - 1
 
-    def values(self, x, consts=None):
+    def values(self, x, consts=None, *, lifted=False):
         """Every node's value, in node order, at inputs ``x`` (N, *input shape without the
         traced batch axis); each value is (N, *node shape). ``consts``: node id -> softmax
         shift index for one input box (a ``crown.BoundState``'s), used for all N inputs so
         that shifted scores match the bounds; without it each row shifts by its own argmax
-        (the same softmax, other intermediate values)."""
-        vals = [x.to(torch.float64).unsqueeze(1)]
+        (the same softmax, other intermediate values). ``lifted``: ``x`` already has the
+        traced batch axis (N, *input shape) and is evaluated in its own dtype."""
+        vals = [x if lifted else x.to(torch.float64).unsqueeze(1)]
         for i, node in enumerate(self.nodes[1:], 1):
             c = None if consts is None else consts.get(i)
             if c is not None:

@@ -23,12 +23,13 @@ the operation itself to the tensor of element positions, so it is exact by const
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import math
 from collections.abc import Callable
 
 import torch
 
-from softcert.certify.graph import Graph
+from softcert.certify.graph import AttentionSite, Graph
 from softcert.certify.ops.core import context_setting
 
 F64 = torch.float64
@@ -233,9 +234,9 @@ class Builder:
             return self.node("matmul_const", [b], shape, name, M=const(a), right=False, in_shape=self.shape(b))
         a, b = self.expand(a, batch + sa[-2:], name), self.expand(b, batch + sb[-2:], name)
         out = self.node("matmul", [a, b], shape, name)
-        for att in self.graph.attention:
-            if att["probs"] == a and att["pv"] is None:
-                att.update(values=b, pv=out)
+        for k, att in enumerate(self.graph.attention):
+            if att.probs == a and att.pv is None:
+                self.graph.attention[k] = dataclasses.replace(att, values=b, pv=out)
         return out
 
     def reduce(self, x, dims, keepdim=False, mean=False, name=""):
@@ -291,7 +292,7 @@ class Builder:
             r = self.node("reciprocal", [z], s[:-1] + (1,), f"{name}.recip")
             p = self.node("mul", [e, r], s, f"{name}.probs", value_range=(0.0, 1.0))
         if keep is None:
-            self.graph.attention.append(dict(scores=x, shifted=y, probs=p, values=None, pv=None, name=name))
+            self.graph.attention.append(AttentionSite(scores=x, shifted=y, probs=p, name=name))
         return p if dim == last else self.transpose(p, dim, last, name)
 
     def layer_norm(self, x, normalized_shape, weight=None, bias=None, eps=1e-5, name=""):

@@ -7,14 +7,20 @@ softmax-probability and attention-output intermediate bounds are intersected wit
 Vertex-Softmax intervals, and whose final bound is, per target class, the max of the CROWN
 bound and the bound with the P·V term of every attention layer solved by Vertex-Softmax;
 "alpha-crown" optimises every relaxation jointly, "alpha-crown-relu" the ReLU slopes only,
-"alpha-crown-intermediate" also every intermediate bound (``options`` carries the Adam
+"alpha-crown-intermediate" also every intermediate bound (``settings`` carries the Adam
 settings as data). "lirpa-ibp", "lirpa-crown", "lirpa-alpha-crown" run auto_LiRPA 0.3
-through ``certify.lirpa_compat`` (the independent baseline).
+through ``certify.lirpa_compat`` (the independent baseline). "bab" and "bab-vertex" are
+complete: branch and bound with falsification alongside (``certify.bab``), three-valued
+verdicts. Every method runs through ``Method.run`` on a ``certify.result.Problem`` and
+returns a ``certify.result.CertResult``; its options object is ``Method.defaults``' type
+(``BoundOptions`` or ``BabOptions``).
 The command line and the report list methods from here.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -22,6 +28,12 @@ from types import MappingProxyType
 import torch
 
 from softcert.certify import crown
+from softcert.certify.bab.samples import ASSUMPTIONS as BAB_ASSUMPTIONS
+from softcert.certify.bab.samples import search_margins
+from softcert.certify.graph_cache import classes_of
+from softcert.certify.options import BabOptions, BoundOptions
+from softcert.certify.result import CertResult
+from softcert.certify.spec import margin_spec
 
 LIRPA_ASSUMPTIONS = ("auto_LiRPA 0.3 on the float32 copy of the model (it mixes float32 buffers into "
                      "float64 runs), patched by certify.lirpa_compat; float32 without directed rounding, "
@@ -30,50 +42,114 @@ LIRPA_ASSUMPTIONS = ("auto_LiRPA 0.3 on the float32 copy of the model (it mixes 
 
 @dataclass(frozen=True)
 class Method:
-    """``lower(graph, xl, xu, x0, C, model_input)`` -> (B, S) lower bounds of C·output over the
-    box [xl, xu] (B, *graph input shape); x0: a point of the box (the input itself) that
-    anchors the softmax shifts; C (B, S, *graph output shape). ``needs_model``: the method runs
-    on the torch model, given as ``model_input``, instead of the graph. ``batch_size``: the largest
-    batch the method is run on (None: the caller's). ``soft_failures``: exception types
-    that mean "no bound" (the certificate becomes -inf with a note starting with
-    ``failure_note``) instead of an error."""
+    """A verification method. Bound-only methods give ``lower(graph, xl, xu, x0, C, options)``
+    -> (B, S) lower bounds of C·output over the box [xl, xu] (B, *graph input shape); x0: a
+    point of the box (the input itself) that anchors the softmax shifts; C (B, S, *graph
+    output shape); ``options``: the ``BoundOptions``, or for ``needs_model`` methods the torch
+    model (they run on it instead of the graph). Complete methods give ``search(method,
+    problem, options, progress)`` -> ``CertResult`` instead. ``batch_size``: the largest
+    batch the method is run on (None: the options'). ``soft_failures``: exception types that
+    mean "no bound" (the certificate becomes -inf with a note starting with ``failure_note``)
+    instead of an error. ``settings``: the method's fixed settings, as data; ``defaults``:
+    its options object when the caller passes none (its type is the one ``run`` takes)."""
 
     name: str
     description: str
     assumptions: str
-    lower: Callable
+    lower: Callable | None = None
     batch_size: int | None = None
     needs_model: bool = False
     soft_failures: tuple = ()
     failure_note: str = "failed"
-    options: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    settings: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    search: Callable | None = None
+    defaults: object = field(default_factory=BoundOptions)
+
+    @property
+    def complete(self):
+        """Whether the method can also falsify (three-valued verdicts)."""
+        return self.search is not None
+
+    def check_options(self, options):
+        """``options`` (None: ``defaults``) of this method's type; ValueError otherwise."""
+        if options is None:
+            options = self.defaults
+        if not isinstance(options, type(self.defaults)):
+            raise ValueError(f"options: method {self.name!r} takes a {type(self.defaults).__name__}, got "
+                             f"{type(options).__name__}")
+        if isinstance(options, BabOptions) and options.timeout is None:
+            raise ValueError(f"timeout: method {self.name!r} needs a per-sample time budget in seconds: "
+                             f"options=BabOptions(timeout=...)")
+        return options
+
+    def run(self, problem, options=None, progress=None) -> CertResult:
+        """This method on ``problem`` (``certify.result.Problem``) with ``options`` (None: the
+        defaults); ``progress(k)`` after each k samples finished."""
+        options = self.check_options(options)
+        if self.search is not None:
+            return self.search(self, problem, options, progress)
+        return _bound_margins(self, problem, options, progress)
+
+
+def _bound_margins(meth, problem, options, progress):
+    """Margins of ``problem.label`` over the problem's boxes, ``options.batch_size`` samples
+    at a time; ``progress(k)`` after each batch of k samples."""
+    graph, label = problem.graph, problem.label
+    classes, out_shape = classes_of(graph), graph.nodes[graph.output].shape
+    lift = lambda t: t.unsqueeze(1)  # noqa: E731  (the traced graph keeps the model's batch axis)
+    t0 = time.perf_counter()
+    out, note = [], ""
+    batch = options.batch_size if meth.batch_size is None else min(options.batch_size, meth.batch_size)
+    for s in range(0, problem.size, batch):
+        sl = slice(s, s + batch)
+        lb = label[sl]
+        C = margin_spec(lb, classes).reshape(len(lb), classes, *out_shape)
+        extra = problem.model_input if meth.needs_model else options
+        try:
+            lo = meth.lower(graph, lift(problem.lower[sl]), lift(problem.upper[sl]), lift(problem.centre[sl]), C,
+                            extra)
+        except meth.soft_failures as exc:
+            note = f"{meth.failure_note}: {type(exc).__name__}: {exc}"[:200]
+            lo = torch.full(C.shape[:2], -torch.inf, dtype=torch.float64)
+        lo = lo.detach().to(torch.float64)
+        lo[torch.arange(len(lb)), lb] = 0.0
+        out.append(lo)
+        if progress is not None:
+            progress(len(lb))
+    lower_margin = torch.cat(out)
+    other = torch.ones_like(lower_margin, dtype=torch.bool)
+    other[torch.arange(len(label)), label] = False
+    certified = torch.where(other, lower_margin > 0, True).all(1)
+    return CertResult(lower_margin, certified, meth.name, problem.eps, time.perf_counter() - t0, note,
+                      meth.assumptions, problem.domain, label)
 
 
 #: alpha-CROWN settings (the reference settings of docs/mathematics.md §6): Adam steps and rate
 ALPHA_OPTIONS = MappingProxyType({"iterations": 20, "lr": 0.1})
 
 
-def _ibp(g, xl, xu, x0, C, model_input):
-    return crown.ibp_lower(crown.propagate(g, xl, xu, crown=False, anchor=x0), C)
+def _ibp(g, xl, xu, x0, C, options):
+    return crown.ibp_lower(crown.propagate(g, xl, xu, algorithm="ibp", centre=x0, options=options.propagation), C)
 
 
-def _crown(g, xl, xu, x0, C, model_input):
+def _crown(g, xl, xu, x0, C, options):
     # anchor the softmax shift at the input itself, as auto_LiRPA does (fixed max index)
-    state = crown.propagate(g, xl, xu, vertex=False, anchor=x0)
+    state = crown.propagate(g, xl, xu, centre=x0, options=options.propagation)
     return crown.backward(state, g.output, C)
 
 
 def _alpha_crown(operators=None, iterations=20, lr=0.1, intermediate="full"):
-    def lower(g, xl, xu, x0, C, model_input):
-        state = crown.propagate(g, xl, xu, vertex=False, anchor=x0, intermediate=intermediate)
+    def lower(g, xl, xu, x0, C, options):
+        opts = dataclasses.replace(options.propagation, intermediate=intermediate)
+        state = crown.propagate(g, xl, xu, centre=x0, options=opts)
         return crown.alpha_crown(state, C, iterations, lr, operators=operators)
     return lower
 
 
-def _vertex(g, xl, xu, x0, C, model_input):
-    state = crown.propagate(g, xl, xu, vertex=True, anchor=x0)
+def _vertex(g, xl, xu, x0, C, options):
+    state = crown.propagate(g, xl, xu, algorithm="vertex", centre=x0, options=options.propagation)
     lo = crown.backward(state, g.output, C)
-    pvs = [a["pv"] for a in g.attention if a["pv"] is not None]
+    pvs = [a.pv for a in g.attention if a.pv is not None]
     if not pvs:
         return lo
     with torch.no_grad():
@@ -84,10 +160,9 @@ def _vertex(g, xl, xu, x0, C, model_input):
 
 
 def _lirpa(name):
-    def lower(g, xl, xu, x0, C, model_input):
+    def lower(g, xl, xu, x0, C, model):
         from softcert.certify.lirpa_compat import lirpa_lower
 
-        model = model_input
         # the graph carries the model's batch axis (size 1); auto_LiRPA sees the model's own shapes
         xl, xu, x0 = xl.squeeze(1), xu.squeeze(1), x0.squeeze(1)
         C = C.reshape(*C.shape[:2], -1)
@@ -95,6 +170,12 @@ def _lirpa(name):
         f = lambda t: t.to(torch.float32)  # noqa: E731
         return lirpa_lower(m32, f(xl), f(xu), f(x0), f(C), name).detach().to(torch.float64)
     return lower
+
+
+def _bab(vertex):
+    def search(method, problem, options, progress):
+        return search_margins(method, problem, dataclasses.replace(options, vertex=vertex), progress)
+    return search
 
 
 _OURS = f"Ours (certify.crown). Arithmetic: {crown.ARITHMETIC}"
@@ -108,19 +189,19 @@ METHODS = MappingProxyType({m.name: m for m in (
     Method("alpha-crown", "CROWN with every relaxation of the final specification optimised jointly by Adam "
            "per target class (20 steps, lr 0.1): ReLU/GELU/tanh/sigmoid slopes, the exp/-log/reciprocal/square/"
            "rsqrt tangent points (so the decomposed softmax) and the McCormick interpolation of mul and "
-           "matmul (Q·Kᵀ, P·V)", _OURS, _alpha_crown(None, **ALPHA_OPTIONS), options=ALPHA_OPTIONS),
+           "matmul (Q·Kᵀ, P·V)", _OURS, _alpha_crown(None, **ALPHA_OPTIONS), settings=ALPHA_OPTIONS),
     Method("vertex", "CROWN with exact Vertex-Softmax intervals for softmax probabilities and attention "
            "outputs, and the P·V terms solved by Vertex-Softmax", _OURS, _vertex),
     Method("alpha-crown-relu", "CROWN with the ReLU lower slopes only of the final specification optimised "
            "by Adam (20 steps, lr 0.1; the alpha-CROWN of the ingredients table)", _OURS,
            _alpha_crown(("relu",), **ALPHA_OPTIONS),
-           options=MappingProxyType({**ALPHA_OPTIONS, "operators": ("relu",)})),
+           settings=MappingProxyType({**ALPHA_OPTIONS, "operators": ("relu",)})),
     Method("alpha-crown-intermediate", "alpha-crown whose intermediate bounds are optimised too: every element "
            "that CROWN leaves undecided gets its own parameters, 10 Adam steps per row (crown.propagate "
            "intermediate=\"alpha\"; about 30x the time of alpha-crown on mnist-vit1)", _OURS,
            _alpha_crown(None, intermediate="alpha", **ALPHA_OPTIONS),
-           options=MappingProxyType({**ALPHA_OPTIONS, "intermediate": "alpha",
-                                     "intermediate_steps": crown.INTERMEDIATE_STEPS})),
+           settings=MappingProxyType({**ALPHA_OPTIONS, "intermediate": "alpha",
+                                      "intermediate_steps": BoundOptions().propagation.intermediate_steps})),
     # auto_LiRPA 0.3 needed > 20 GB for 4 images of the 2-block model: one image at a time
     Method("lirpa-ibp", "auto_LiRPA 0.3 IBP (baseline)", LIRPA_ASSUMPTIONS, _lirpa("IBP"), 1, True, _LIRPA_FAILS,
            "auto_LiRPA failed"),
@@ -128,6 +209,11 @@ METHODS = MappingProxyType({m.name: m for m in (
            True, _LIRPA_FAILS, "auto_LiRPA failed"),
     Method("lirpa-alpha-crown", "auto_LiRPA 0.3 alpha-CROWN, 20 Adam steps at lr 0.1 (baseline)",
            LIRPA_ASSUMPTIONS, _lirpa("alpha-CROWN"), 1, True, _LIRPA_FAILS, "auto_LiRPA failed"),
+    Method("bab", "branch and bound on the inputs of nonlinear neurons (GenBaB-style, beta-CROWN multipliers, "
+           "alpha-CROWN leaves), PGD falsification alongside: certified, falsified or unknown per sample",
+           BAB_ASSUMPTIONS, search=_bab(vertex=False), defaults=BabOptions(), needs_model=True),
+    Method("bab-vertex", "bab with Vertex-Softmax intervals at the root and P·V bounds in the leaves",
+           BAB_ASSUMPTIONS, search=_bab(vertex=True), defaults=BabOptions(vertex=True), needs_model=True),
 )})
 
 

@@ -82,10 +82,9 @@ def margins(name, method):
 def bab_run():
     model, x, y = zoo.load(BAB["model"])
     idx = list(BAB["images"])
-    from softcert.certify import bab
-    r = bab.verify(model, x[idx], y[idx], BAB["eps"], timeout=1e6, max_leaves=BAB["max_leaves"],
-                   batch=BAB["batch"], intermediate="full")
-    return {"status": list(r.status), "lower_margin": [v.lower_margin.tolist() for v in r.verdicts],
+    options = certify.BabOptions(timeout=1e6, max_leaves=BAB["max_leaves"], batch=BAB["batch"], intermediate="full")
+    r = certify.verify(model, x[idx], y[idx], BAB["eps"], method="bab", options=options)
+    return {"status": list(r.status), "lower_margin": r.lower_margin.tolist(),
             "leaves": [v.leaves for v in r.verdicts]}
 
 

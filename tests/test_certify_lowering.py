@@ -12,6 +12,7 @@ from torch import nn
 from softcert import certify
 from softcert.certify import crown, ops
 from softcert.certify.lowering import Builder
+from softcert.certify.options import AttackOptions
 
 F64 = torch.float64
 
@@ -128,7 +129,7 @@ def test_traced_graph_computes_what_the_model_computes():
     ops_used = {n.op for n in g.nodes}
     assert {"gather", "cat", "softmax_shift", "matmul", "exp"} <= ops_used
     # the causal softmax is masked (no Vertex record); the einsum one is recorded
-    assert sum(a["pv"] is not None for a in g.attention) == 1
+    assert sum(a.pv is not None for a in g.attention) == 1
     r = certify.verify(m, x, m(x).argmax(1), 0.01, method="crown")
     lo, hi = certify.spec.input_box(x, 0.01)
     pts = lo + (hi - lo) * torch.rand(256, *x.shape, dtype=F64)
@@ -177,7 +178,7 @@ def test_graph_module_is_verified_on_its_own_graph():
     y = m(x).argmax(1)
     a, b = certify.verify(m, x, y, 0.05), certify.verify(gm, x, y, 0.05)
     torch.testing.assert_close(a.lower_margin, b.lower_margin, rtol=1e-12, atol=1e-12)
-    att = certify.attack(gm, x, y, 0.05, steps=5)
+    att = certify.attack(gm, x, y, 0.05, options=AttackOptions(steps=5))
     assert (att.min_margin >= b.worst_margin - 1e-9).all()
 
 

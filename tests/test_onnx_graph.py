@@ -372,7 +372,7 @@ def test_transformer_exports(tmp_path, kind, opset):
     x0 = torch.randn(1, 4, 8)
     path = export(model, x0, tmp_path / "enc.onnx", opset)
     net = read_onnx(path)
-    assert len(net.graph.attention) == 1 and net.graph.attention[0]["pv"] is not None
+    assert len(net.graph.attention) == 1 and net.graph.attention[0].pv is not None
     np.testing.assert_allclose(forward(net, x0).detach().numpy()[0], ort_run(path, x0), rtol=1e-4, atol=1e-5)
     eps = 0.01
     xl, xu = (x0 - eps).double().unsqueeze(0), (x0 + eps).double().unsqueeze(0)

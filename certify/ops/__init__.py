@@ -7,6 +7,7 @@ from softcert.certify.ops import activations, affine, bilinear, convolution, ele
 from softcert.certify.ops.convolution import conv2d_params, conv2d_shape
 from softcert.certify.ops.core import (
     KINDS,
+    MIDPOINT,
     MODES,
     OPERATORS,
     Affine,
@@ -14,17 +15,21 @@ from softcert.certify.ops.core import (
     Elementwise,
     Input,
     Operator,
+    Params,
+    SplitRule,
     add_down,
     adjoint,
     arithmetic,
     charge,
     down,
+    first_order_gain,
     floor_charge,
     forward,
     gamma_charge,
     get,
     is_sound,
     magnitude,
+    midpoint_split,
     names,
     register,
     scale_charge,
@@ -34,7 +39,7 @@ from softcert.certify.ops.core import (
     weighted_sum,
 )
 
-__all__ = ["KINDS", "MODES", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "add_down",
-           "adjoint", "arithmetic", "charge", "conv2d_params", "conv2d_shape", "down", "floor_charge", "forward",
-           "gamma_charge", "get", "is_sound", "magnitude", "names", "register", "scale_charge", "sub_down", "sum_rest", "up",
+__all__ = ["KINDS", "MIDPOINT", "MODES", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "Params", "SplitRule", "add_down",
+           "adjoint", "arithmetic", "charge", "conv2d_params", "conv2d_shape", "down", "first_order_gain", "floor_charge", "forward",
+           "gamma_charge", "get", "is_sound", "magnitude", "midpoint_split", "names", "register", "scale_charge", "sub_down", "sum_rest", "up",
            "weighted_sum"]

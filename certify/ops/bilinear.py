@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from softcert.certify.ops.core import Bilinear, down, register, sum_rest, up
+from softcert.certify.ops.core import Bilinear, down, per_spec, register, sum_rest, up
 from softcert.kernels.floating import SUBNORMAL_ULP, U64, gamma
 
 U = U64
@@ -59,6 +59,14 @@ class OptimisableBilinear(Bilinear):
         if self.per_product and in_shapes is not None:
             shape = (*shape[:-1], in_shapes[0][-1], shape[-1])
         return torch.ones(batch, *shape, dtype=torch.float64)
+
+    @property
+    def optimisable(self):
+        return True
+
+    def initial_params(self, node, ins, shapes, specs, per_product=True):
+        init = self.alpha_init(ins[0][0].shape[0], node.shape, shapes if per_product else None)
+        return per_spec(init, specs, *self.alpha_range)
 
 
 def _sum_to(t, shape):

@@ -150,15 +150,69 @@ def sum_rest(t, keep=2):
     return t.flatten(keep).sum(-1) if t.dim() > keep else t
 
 
+@dataclass(frozen=True)
+class Params:
+    """A node's free relaxation parameters for S specifications: ``start`` (B, S, ...) and the
+    range [low, high] in which every value gives a sound relaxation (so optimising them only
+    changes tightness; jax_verify's ParameterizedNodeRelaxation: initial_params, project_params)."""
+
+    start: torch.Tensor
+    low: float
+    high: float
+
+    def project(self, a):
+        """``a`` moved into the sound range (elementwise clamp)."""
+        return a.clamp(self.low, self.high)
+
+
+def per_spec(init, specs, low, high):
+    """``Params`` with ``init`` (B, ...) copied for each of ``specs`` specifications."""
+    init = init.to(torch.float64).unsqueeze(1)
+    return Params(init.expand(-1, specs, *init.shape[2:]).clone(), low, high)
+
+
+def midpoint_split(l, u):
+    """Split point per neuron of [l, u]: the midpoint, NaN where it is not strictly inside
+    a finite interval of some width (no split helps there)."""
+    finite = torch.isfinite(l) & torch.isfinite(u)
+    mid = l + (u - l) / 2
+    ok = finite & (u - l > 1e-9 * (1 + l.abs() + u.abs())) & (mid > l) & (mid < u)
+    return torch.where(ok, mid, torch.nan)
+
+
+def first_order_gain(l, u, p, gl, gu):
+    """Estimated gain of the bound from splitting [l, u] at p, summed over the two children,
+    given gl, gu = d bound / d l, d bound / d u: the first-order change from moving u to p in
+    [l, p] and l to p in [p, u], (-gu)⁺ (u - p) + gl⁺ (p - l) (a BBPS-like shortcut, Shi et al.
+    TACAS 2025)."""
+    return (-gu).clamp(min=0) * (u - p) + gl.clamp(min=0) * (p - l)
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """Where branch and bound splits the input interval [l, u] of a neuron that feeds this
+    operator (``point(l, u)``: p per neuron, NaN where no split helps) and how it estimates
+    the gain of that split (``gain(l, u, p, gl, gu)``, gl, gu the bound's gradients with
+    respect to l and u)."""
+
+    point: Callable = midpoint_split
+    gain: Callable = first_order_gain
+
+
+MIDPOINT = SplitRule()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Operator:
-    """Common traits. ``value_range`` = (lo, hi), None meaning unbounded on that side."""
+    """Common traits. ``value_range`` = (lo, hi), None meaning unbounded on that side.
+    ``split``: how branch and bound splits this operator's input (None: it does not)."""
 
     name: str
     description: str = ""
     monotone: bool = False
     value_range: tuple = (None, None)
     anchor: Callable | None = None
+    split: SplitRule | None = None
     kind: ClassVar[str] = "input"
     arity: ClassVar[int] = 0
 
@@ -170,6 +224,17 @@ class Operator:
 
     def backward(self, node, A, ins, shapes, const=None, alpha=None):
         raise ValueError(f"operator: {self.name!r} has no backward step (kind {self.kind})")
+
+    @property
+    def optimisable(self):
+        """Whether ``initial_params`` gives parameters (alpha-CROWN optimises them)."""
+        return False
+
+    def initial_params(self, node, ins, shapes, specs, per_product=True) -> Params | None:
+        """The relaxation's free parameters at node ``node`` for ``specs`` specifications,
+        started at the CROWN choice, given the inputs' bounds ``ins`` [(l, u)] (B, *shape) and
+        shapes; None when the relaxation has none."""
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,9 +317,10 @@ class Elementwise(Operator):
     ``fn``: f on tensors; ``image(l, u)``: the exact image interval; ``planes(l, u, alpha)``:
     (lw, lb, uw, ub) with lw·x + lb <= f(x) <= uw·x + ub on [l, u]; ``domain`` (lo, hi):
     f is defined for lo < x (planes raise ValueError, intervals are unbounded, outside it); ``convex``: f is
-    convex on ``domain``; ``slope_init(l, u)``: when not None, ``alpha`` in [0, 1]
-    parametrises a family of sound lower planes (alpha-CROWN optimises it) and this is
-    its starting value."""
+    convex on ``domain``; ``slope_init(l, u)``: when not None, ``alpha`` in ``alpha_range``
+    ([0, 1]) parametrises a family of sound lower planes (alpha-CROWN optimises it) and this
+    is its starting value. ``split``: branch and bound splits the input at the midpoint
+    (``MIDPOINT``) unless the operator declares its own rule."""
 
     fn: Callable
     image: Callable
@@ -262,8 +328,20 @@ class Elementwise(Operator):
     domain: tuple = (None, None)
     convex: bool = False
     slope_init: Callable | None = None
+    alpha_range: tuple = (0.0, 1.0)
+    split: SplitRule | None = MIDPOINT
     kind: ClassVar[str] = "elementwise"
     arity: ClassVar[int] = 1
+
+    @property
+    def optimisable(self):
+        return self.slope_init is not None
+
+    def initial_params(self, node, ins, shapes, specs, per_product=True):
+        if self.slope_init is None:
+            return None
+        with torch.no_grad():
+            return per_spec(self.slope_init(*ins[0]), specs, *self.alpha_range)
 
     def forward(self, node, xs, const=None):
         return self.fn(xs[0])

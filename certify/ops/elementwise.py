@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from softcert.certify.ops.core import Elementwise, down, register, up
+from softcert.certify.ops.core import Elementwise, SplitRule, down, register, up
 from softcert.kernels.floating import EXP_ABS, EXP_REL, LOG_REL, SUBNORMAL_ULP, U64
 
 U = U64
@@ -272,10 +272,27 @@ def _init(name):
     return init
 
 
+def relu_split_point(l, u):
+    """ReLU splits at 0 on crossing intervals (both children are then exact), nowhere else."""
+    return torch.where((l < 0) & (u > 0), torch.zeros_like(l), torch.nan)
+
+
+def relu_split_gain(l, u, p, gl, gu):
+    """The first-order gain (``certify.ops.core.first_order_gain``) with each term scaled to
+    the exact change of the upper line's intercept c = -ul / (u - l), which the split at 0
+    removes outright: c(l, u) - c(l, 0) = (-dc/du) u (u - l) / |l| and
+    c(l, u) - c(0, u) = (dc/dl) |l| (u - l) / u. The unscaled estimate ranks ReLU splits too
+    low: on mnist-vit1 image 18 at eps 0.01, 60 s, -0.124 against -0.072 with it
+    (docs/certify/bab.notes.md)."""
+    left, right = (-gu).clamp(min=0) * (u - p), gl.clamp(min=0) * (p - l)
+    return left * ((u - l) / (p - l)) + right * ((u - l) / (u - p))
+
+
 register(Elementwise(name="relu", description="max(x, 0)", fn=torch.relu,
                      image=lambda l, u: (torch.relu(l), torch.relu(u)), planes=relu_planes,
                      monotone=True, convex=True, value_range=(0.0, None),
-                     slope_init=lambda l, u: (u > -l).to(l.dtype)))
+                     slope_init=lambda l, u: (u > -l).to(l.dtype),
+                     split=SplitRule(relu_split_point, relu_split_gain)))
 register(Elementwise(name="exp", description="exp(x)", fn=torch.exp,
                      image=exp_image, planes=exp_planes, slope_init=_init("exp"),
                      monotone=True, convex=True, value_range=(0.0, None)))

@@ -1,0 +1,52 @@
+"""What a branching rule is: it sees the candidate neurons of a batch of leaves and returns one
+``Decision`` (or None) per leaf. One rule per module in this folder, on ``BranchingRule``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from softcert.certify.bab.leaves import Decision
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The neurons of one splittable node (the input of an operator with a ``SplitRule``) in a
+    batch of B leaves: bounds ``l``, ``u`` (B, *shape); ``gl``, ``gu`` the gradients of the
+    leaves' summed bound with respect to them (zeros where none reaches); ``rule`` the
+    consuming operator's ``SplitRule``; ``alpha_grad`` (B, *shape) the summed |d bound / d alpha|
+    of the optimisable elementwise maps it feeds, or None."""
+
+    l: torch.Tensor
+    u: torch.Tensor
+    gl: torch.Tensor
+    gu: torch.Tensor
+    rule: object
+    alpha_grad: torch.Tensor | None = None
+
+
+class BranchingRule:
+    """Base class: ``decide(candidates, batch)`` -> [Decision or None] per leaf, from
+    ``candidates`` (node id -> ``Candidate``); a subclass defines ``score``."""
+
+    def score(self, c: Candidate, p: torch.Tensor) -> torch.Tensor:
+        """Scores (B, *shape) of splitting each neuron at ``p`` (higher first)."""
+        raise NotImplementedError
+
+    def decide(self, candidates, batch):
+        """Per leaf, the neuron of highest finite score over every candidate node (the first
+        node wins ties), split at its rule's point; None where no neuron can be split."""
+        best_score = torch.full((batch,), -torch.inf, dtype=torch.float64)
+        best = [None] * batch
+        with torch.no_grad():
+            for i, c in candidates.items():
+                p = c.rule.point(c.l, c.u)
+                score = self.score(c, p)
+                score = torch.where(torch.isnan(p) | torch.isnan(score), -torch.inf, score).view(batch, -1)
+                s, ix = score.max(1)
+                for b in torch.nonzero(s > best_score).flatten().tolist():
+                    j = int(ix[b])
+                    best_score[b] = s[b]
+                    best[b] = Decision(i, j, float(c.l.view(batch, -1)[b, j]), float(c.u.view(batch, -1)[b, j]),
+                                       float(p.view(batch, -1)[b, j]))
+        return best

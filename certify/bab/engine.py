@@ -1,0 +1,268 @@
+"""Bounding a batch of leaves of one input box: the part of branch and bound that runs CROWN.
+
+The root is bounded once (``certify.crown.propagate``). In a leaf the constrained neurons'
+bounds are tightened to the constraints, the nodes downstream of them re-bounded by IBP (and,
+for inputs of nonlinear nodes of at most ``BabOptions.refine`` neurons, by CROWN) intersected
+with the root bounds, and the specification is bounded by ``crown.backward`` with alpha-CROWN
+parameters and beta-CROWN multipliers warm-started from the parent (``LeafBounder.bound``:
+the one place a leaf's bound is computed). A leaf whose tightened bounds are disjoint holds
+no input at all and is proved (infeasible).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from softcert.certify import crown
+from softcert.certify.bab.branching import RULES, Candidate
+from softcert.certify.bab.leaves import RelaxationParams
+from softcert.certify.ops import Params
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The property on one box: for every group g, some row r of g has C_r·output > rhs_r.
+    ``C`` (S, *output shape), ``rhs`` (S,), ``groups`` (S,) ints 0..G-1."""
+
+    C: torch.Tensor
+    rhs: torch.Tensor
+    groups: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """A batch of B bounded leaves: ``lower`` (B, W) the rows' bounds (padding rows -inf,
+    infeasible leaves +inf), ``rhs`` (B, W), ``params`` their ``RelaxationParams``,
+    ``decisions`` the split each takes next, ``worst`` (B, *input) the minimiser of each
+    leaf's summed linear lower bound over its box."""
+
+    lower: torch.Tensor
+    rhs: torch.Tensor
+    params: RelaxationParams
+    decisions: list
+    worst: torch.Tensor
+
+    def value(self, b):
+        """max over leaf b's rows of lower bound - rhs (> 0: proved)."""
+        return float((self.lower[b] - self.rhs[b]).max())
+
+
+def splittable(graph):
+    """Input node id -> the operator it feeds that has a split rule (the neurons we split;
+    the first consumer's rule when several)."""
+    feeds = {}
+    for n in graph.nodes:
+        if n.operator.split is not None:
+            feeds.setdefault(n.inputs[0], n.operator)
+    return feeds
+
+
+class LeafBounder:
+    """Bounds batches of leaves of the box [xl, xu] (1, *graph input shape) for ``rows``.
+    ``centre``: the point anchoring the softmax shifts; ``options``: ``BabOptions``."""
+
+    def __init__(self, graph, box, rows, centre, options):
+        self.g, self.options, self.box, self.centre = graph, options, box, centre
+        # inputs of nonlinear nodes small enough to re-bound by CROWN in every leaf
+        self.rebound = {j for n in graph.nodes if n.operator.kind in crown.NONLINEAR for j in n.inputs
+                        if not graph.nodes[j].operator.monotone and math.prod(graph.nodes[j].shape) <= options.refine}
+        self.feeds = splittable(graph)
+        self.optimised = [i for i, n in enumerate(graph.nodes) if n.operator.optimisable]
+        # optimisable elementwise maps: their |d bound / d alpha| scores the neurons they take
+        self.slopes = {i: graph.nodes[i].inputs[0] for i in self.optimised if graph.nodes[i].operator.arity == 1}
+        self.pvs = {a.pv for a in graph.attention if a.pv is not None} if options.vertex else set()
+        self.rule = RULES[options.branching]()
+        self.C, self.rhs = rows.C, torch.as_tensor(rows.rhs, dtype=torch.float64)
+        groups = torch.as_tensor(rows.groups, dtype=torch.int64)
+        self.rows = [torch.nonzero(groups == k).flatten() for k in range(int(groups.max()) + 1)]
+        self.width = max(len(r) for r in self.rows)
+        self.bounded = 0
+        self.vertex_wins = 0
+        first = "full" if options.intermediate == "auto" else options.intermediate
+        self.root = self.propagate(first)
+
+    def propagate(self, intermediate, deadline=None, optimise=None):
+        """The root's bounds with the given intermediate-bound algorithm."""
+        opts = dataclasses.replace(self.options.propagation, intermediate=intermediate)
+        with torch.no_grad():
+            return crown.propagate(self.g, *self.box, algorithm="vertex" if self.options.vertex else "crown",
+                                   centre=self.centre, options=opts, deadline=deadline, optimise=optimise)
+
+    def sensitive(self, groups, params):
+        """node -> bool (1, *shape): per splittable node, the ``root_optimised`` fraction of its
+        elements whose bounds the root bounds of ``groups`` (with ``params``) are most
+        sensitive to (``crown.most_sensitive``; the groups' rows share the one box)."""
+        C, _ = self._spec(groups)
+        flat = lambda t: t.reshape(1, -1, *t.shape[2:])  # noqa: E731
+        alphas = {k: flat(a) for k, a in params.alphas.items()} if params is not None else {}
+        return crown.most_sensitive(self.root, self.g.output, flat(C), list(self.feeds),
+                                    self.options.root_optimised, alphas or None)
+
+    # ------------------------------------------------------------ one batch of leaves
+    def _state(self, cons):
+        """The leaf states stacked on the batch axis: root bounds, the constrained neurons
+        tightened, nodes downstream of them re-bounded by IBP (and CROWN for ``rebound``)
+        intersected with the parent bounds. Returns (state, tracked bounds of the input and the
+        splittable nodes, infeasible (B,))."""
+        B = len(cons)
+        st = self.root.expand(B)
+        tight = {}
+        for b, cs in enumerate(cons):
+            for (node, idx), (lo, hi) in cs.items():
+                tight.setdefault(node, []).append((b, idx, lo, hi))
+        infeasible = torch.zeros(B, dtype=torch.bool)
+        with torch.no_grad():
+            for i, items in tight.items():
+                l, u = (t.clone() for t in st.bounds[i])
+                bs, ix, los, his = (torch.tensor(v) for v in zip(*items))
+                lf, uf = l.view(B, -1), u.view(B, -1)
+                lf[bs, ix] = torch.maximum(lf[bs, ix], los.to(l.dtype))
+                uf[bs, ix] = torch.minimum(uf[bs, ix], his.to(u.dtype))
+                st.tighten(i, l, u)
+            changed = set(tight)
+            for i in range(1, len(self.g.nodes)):
+                if any(j in changed for j in self.g.nodes[i].inputs):
+                    infeasible |= self._rebound(st, i)
+                    changed.add(i)
+        return st, st.track([0, *self.feeds]), infeasible
+
+    def _rebound(self, st, i):
+        """Node i re-bounded in every leaf (IBP, and CROWN for ``rebound``) within its bounds;
+        returns the leaves where they became disjoint (no input reaches them)."""
+        l, u = st.bounds[i]
+        il, iu = crown.ibp_node(st, i)
+        l = torch.maximum(l, torch.nan_to_num(il, nan=-torch.inf))
+        u = torch.minimum(u, torch.nan_to_num(iu, nan=torch.inf))
+        if i in self.rebound:
+            st.tighten(i, l, torch.maximum(l, u))
+            cl, cu = crown.crown_node(st, i)
+            l, u = torch.maximum(l, cl), torch.minimum(u, cu)
+        # each encloses z_i on the leaf: disjoint means the leaf holds no input at all
+        infeasible = (l > u).flatten(1).any(1)
+        st.tighten(i, l, torch.maximum(l, u))
+        return infeasible
+
+    def _constraint_bounds(self, cons, B):
+        """node -> (lo, hi) (B, *shape), ±inf where a leaf has no constraint on the neuron."""
+        out = {}
+        for b, cs in enumerate(cons):
+            for (node, idx), (lo, hi) in cs.items():
+                if node not in out:
+                    shape = self.g.nodes[node].shape
+                    out[node] = (torch.full((B, *shape), -torch.inf, dtype=torch.float64),
+                                 torch.full((B, *shape), torch.inf, dtype=torch.float64))
+                out[node][0].view(B, -1)[b, idx] = lo
+                out[node][1].view(B, -1)[b, idx] = hi
+        return out
+
+    def _spec(self, groups):
+        """C (B, W, *output shape) and rhs (B, W) of the groups' rows, padded (rhs inf)."""
+        B, W = len(groups), self.width
+        C = self.C.new_zeros(B, W, *self.C.shape[1:])
+        rhs = torch.full((B, W), torch.inf, dtype=torch.float64)
+        for b, k in enumerate(groups):
+            r = self.rows[k]
+            C[b, : len(r)] = self.C[r]
+            rhs[b, : len(r)] = self.rhs[r]
+        return C, rhs
+
+    def _backward(self, st, C, params, cbounds):
+        """crown.backward with the leaves' alphas and the split constraints' multipliers."""
+        constraints = {i: (lo, hi, *params.betas[i]) for i, (lo, hi) in cbounds.items()}
+        return crown.backward(st, self.g.output, C, alphas=params.alphas or None, constraints=constraints)
+
+    def _start(self, start, cbounds, B):
+        """The parameters to optimise, keyed ("alpha", node) and ("beta_lo"/"beta_hi", node):
+        the parents' where given, else CROWN's choice (alphas) and 0 (multipliers)."""
+        W, out = self.width, {}
+        for k in self.optimised:
+            a = start.alphas.get(k) if start is not None else None
+            p = crown.initial_params(self.root, k, W)
+            out[("alpha", k)] = Params(p.start.expand(B, *p.start.shape[1:]) if a is None else a, p.low, p.high)
+        for i in cbounds:
+            pair = start.betas.get(i) if start is not None else None
+            for side, a in zip(("beta_lo", "beta_hi"), pair or (None, None)):
+                if a is None:
+                    a = torch.zeros(B, W, *self.g.nodes[i].shape, dtype=torch.float64)
+                out[(side, i)] = Params(a, 0.0, math.inf)  # any multiplier >= 0 is sound
+        return out
+
+    @staticmethod
+    def _split(values):
+        """{("alpha", k): a, ("beta_lo", i): b, ...} -> RelaxationParams."""
+        alphas = {k: a for (tag, k), a in values.items() if tag == "alpha"}
+        betas = {k: (a, values[("beta_hi", k)]) for (tag, k), a in values.items() if tag == "beta_lo"}
+        return RelaxationParams(alphas, betas)
+
+    def bound(self, cons, groups, start, parent_lower):
+        """``Bounded`` for the leaves with constraints ``cons`` of ``groups``, parameters
+        warm-started from ``start`` (None at the root) and bounds at least ``parent_lower``."""
+        B, W = len(cons), self.width
+        C, rhs = self._spec(groups)
+        st, tracked, infeasible = self._state(cons)
+        cbounds = self._constraint_bounds(cons, B) if self.options.beta else {}
+        params = self._start(start, cbounds, B)
+        best = torch.full((B, W), -torch.inf, dtype=torch.float64)
+        values = {k: p.start.detach().clone() for k, p in params.items()}
+        if params and self.options.alpha_steps:
+            detached = st.detached()
+            steps = self.options.alpha_steps if start is not None else \
+                max(self.options.alpha_steps, self.options.root_alpha_steps)
+            # Adam's last iterate can sit below its best one: each row keeps the parameters of
+            # its best bound, so the children start from the relaxation that gave the parent's
+            best, values, _ = crown.adam_ascent(lambda v: self._backward(detached, C, self._split(v), cbounds),
+                                                params, steps, self.options.lr, best)
+        values = {k: a.detach().requires_grad_(True) for k, a in values.items()}
+        final = self._split(values)
+        lo = self._backward(st, C, final, cbounds)
+        wrt = [t for lu in tracked.values() for t in lu] + list(values.values())
+        fin = torch.isfinite(lo)
+        grads = torch.autograd.grad(lo[fin].sum(), wrt, allow_unused=True) if fin.any() else [None] * len(wrt)
+        grad = dict(zip(map(id, wrt), grads))
+        with torch.no_grad():
+            best = torch.maximum(best, lo.detach())
+            if self.pvs:
+                lv = self._backward_vertex(st, C, final, cbounds)
+                self.vertex_wins += int((lv > best).any(1).sum())
+                best = torch.maximum(best, lv)
+            if parent_lower is not None:
+                best = torch.maximum(best, parent_lower)  # a child's domain lies inside its parent's
+            best = torch.where(rhs.isinf(), -torch.inf, best)
+            best = torch.where(infeasible[:, None] & ~rhs.isinf(), torch.inf, best)
+        self.bounded += B
+        decisions = self.rule.decide(self._candidates(tracked, grad, final), B)
+        detached = RelaxationParams({k: a.detach() for k, a in final.alphas.items()},
+                                    {k: (a.detach(), b.detach()) for k, (a, b) in final.betas.items()})
+        return Bounded(best, rhs, detached, decisions, self._worst(tracked[0], grad))
+
+    def _backward_vertex(self, st, C, params, cbounds):
+        constraints = {i: (lo, hi, *params.betas[i]) for i, (lo, hi) in cbounds.items()}
+        return crown.backward(st, self.g.output, C, vertex_pv=self.pvs, constraints=constraints)
+
+    @staticmethod
+    def _worst(box, grad):
+        """The minimiser over the box of the summed linear lower bound: xl where its
+        coefficient (the gradient with respect to xl) is > 0, xu where it is < 0."""
+        xl, xu = box
+        gxl, gxu = grad.get(id(xl)), grad.get(id(xu))
+        gxl = torch.zeros_like(xl) if gxl is None else gxl
+        gxu = torch.zeros_like(xu) if gxu is None else gxu
+        return torch.where(gxl > 0, xl, torch.where(gxu < 0, xu, (xl + xu) / 2)).detach()
+
+    def _candidates(self, tracked, grad, params):
+        """node -> ``Candidate`` for the branching rule."""
+        by_input = {}
+        for k, i in self.slopes.items():
+            ga = grad.get(id(params.alphas.get(k)))
+            if ga is not None:
+                by_input[i] = by_input.get(i, 0) + ga.abs().sum(1)
+        out = {}
+        for i, op in self.feeds.items():
+            l, u = (t.detach() for t in tracked[i])
+            gl, gu = grad.get(id(tracked[i][0])), grad.get(id(tracked[i][1]))
+            out[i] = Candidate(l, u, torch.zeros_like(l) if gl is None else gl, torch.zeros_like(u) if gu is None else gu,
+                               op.split, by_input.get(i))
+        return out
