@@ -174,6 +174,8 @@ def _lirpa(name):
 
 def _bab(vertex):
     def search(method, problem, options, progress):
+        if options.vertex and not vertex:
+            raise ValueError(f"options: BabOptions(vertex=True) is the method 'bab-vertex', not {method.name!r}")
         return search_margins(method, problem, dataclasses.replace(options, vertex=vertex), progress)
     return search
 

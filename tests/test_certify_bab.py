@@ -16,8 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from softcert import certify
-from softcert.certify import bab
+from softcert.certify import bab, ops
+from softcert.certify.bab.engine import LeafBounder, Rows, splittable
 from softcert.certify.graph_cache import graph_of
+from softcert.certify.options import AttackOptions, BabOptions
+from softcert.certify.result import STATUSES
 from softcert.certify.spec import input_box, margin_spec
 
 
@@ -65,15 +68,20 @@ def _grid_margins(x, y, eps):
     return (z[:, y:y + 1] - z).min(0).values
 
 
-@pytest.fixture(scope="module", params=[dict(), dict(refine=128, vertex=True), dict(intermediate="alpha"),
-                                        dict(intermediate="auto")],
+def _bab(x, y, eps, method="bab", **options):
+    """certify.verify by branch and bound with ``BabOptions(**options)`` (domain unclipped)."""
+    return certify.verify(MODEL, x, y, eps, method, domain=None, options=BabOptions(**options))
+
+
+@pytest.fixture(scope="module", params=[("bab", dict()), ("bab-vertex", dict(refine=128)),
+                                        ("bab", dict(intermediate="alpha")), ("bab", dict(intermediate="auto"))],
                 ids=["default", "crown-vertex", "alpha-root", "auto-root"])
 def result(request):
     # the default, and the options off by default: leaves re-bound small nonlinear inputs by
-    # CROWN (refine) and use Vertex-Softmax intervals and P·V bounds (vertex); the root's
+    # CROWN (refine) and use Vertex-Softmax intervals and P·V bounds (bab-vertex); the root's
     # intermediate bounds optimised by alpha-CROWN (intermediate)
-    return bab.verify(MODEL, X[:4], Y[:4], EPS, timeout=20, domain=None, max_leaves=20, batch=8,
-                      **request.param)
+    method, opts = request.param
+    return _bab(X[:4], Y[:4], EPS, method, timeout=20, max_leaves=20, batch=8, **opts)
 
 
 def test_bab_against_exhaustive_grid(result):
@@ -81,14 +89,15 @@ def test_bab_against_exhaustive_grid(result):
     crown = certify.verify(MODEL, X[:4], Y[:4], EPS, method="crown", domain=None)
     for b, v in enumerate(result.verdicts):
         grid = _grid_margins(X[b], int(Y[b]), EPS)
+        lm = result.lower_margin[b]
         # the lower margins are bounds over the whole box, whatever the verdict
-        assert (v.lower_margin <= grid + 1e-12).all(), (b, v.lower_margin, grid)
-        assert v.status in bab.STATUSES
+        assert (lm <= grid + 1e-12).all(), (b, lm, grid)
+        assert v.status in STATUSES
         if v.status == "certified":
             others = torch.arange(3) != Y[b]
-            assert (v.lower_margin[others] > 0).all() and (grid[others] > 0).all()
+            assert (lm[others] > 0).all() and (grid[others] > 0).all()
             # BaB never ends below what CROWN alone proves
-            assert (v.lower_margin[others] >= crown.lower_margin[b][others] - 1e-9).all()
+            assert (lm[others] >= crown.lower_margin[b][others] - 1e-9).all()
         if v.status == "falsified":
             cex = v.counterexample
             lo, hi = input_box(X[b:b + 1], EPS, None)
@@ -96,7 +105,7 @@ def test_bab_against_exhaustive_grid(result):
             with torch.no_grad():
                 z = MODEL(cex[None])[0]
             assert int(z.argmax()) != int(Y[b]) or (z[Y[b]] - z).min() < 0
-            assert v.counterexample is not None and v.lower_margin.min() < 0
+            assert v.counterexample is not None and lm.min() < 0
 
 
 def _near_boundary(n):
@@ -112,7 +121,7 @@ def _near_boundary(n):
 def test_falsified_counterexamples_are_real():
     eps = 0.05
     xs, ys = _near_boundary(2)
-    r = bab.verify(MODEL, xs, ys, eps, timeout=20, domain=None, max_leaves=20)
+    r = _bab(xs, ys, eps, timeout=20, max_leaves=20)
     assert r.status == ("falsified", "falsified")
     lo, hi = input_box(xs, eps, None)
     for b, v in enumerate(r.verdicts):
@@ -123,7 +132,7 @@ def test_falsified_counterexamples_are_real():
         with torch.no_grad():
             z = MODEL(cex[None])[0]
         assert (z[ys[b]] - z).min() < 0
-        assert (v.lower_margin <= _grid_margins(xs[b], int(ys[b]), eps) + 1e-12).all()
+        assert (r.lower_margin[b] <= _grid_margins(xs[b], int(ys[b]), eps) + 1e-12).all()
 
 
 def test_bab_proves_what_relu_only_alpha_crown_cannot():
@@ -135,18 +144,19 @@ def test_bab_proves_what_relu_only_alpha_crown_cannot():
     x, y = X[2:3], Y[2:3]
     eps = 0.028
     assert not certify.verify(MODEL, x, y, eps, method="alpha-crown-relu", domain=None).certified.item()
-    r = bab.verify(MODEL, x, y, eps, timeout=60, domain=None, vertex=False, max_leaves=200)
-    v = r.verdicts[0]
+    r = _bab(x, y, eps, timeout=60, max_leaves=200)
+    lm = r.lower_margin[0]
     assert r.status == ("certified",) and r.method == "bab"
     grid = _grid_margins(x[0], int(y), eps)
     others = torch.arange(3) != y
-    assert (v.lower_margin[others] > 0).all() and (v.lower_margin <= grid + 1e-12).all()
+    assert (lm[others] > 0).all() and (lm <= grid + 1e-12).all()
 
 
 def test_certified_samples_survive_pgd(result):
     cert = result.certified
     assert cert.any()
-    att = certify.attack(MODEL, X[:4][cert], Y[:4][cert], EPS, steps=50, restarts=5, domain=None)
+    att = certify.attack(MODEL, X[:4][cert], Y[:4][cert], EPS, options=AttackOptions(steps=50, restarts=5),
+                         domain=None)
     assert (att.min_margin > 0).all()
     assert not att.falsified.any()
 
@@ -158,14 +168,13 @@ def test_leaves_cover_the_box():
     g = graph_of(MODEL, x)
     lo, hi = input_box(x, 0.2, None)
     C = margin_spec(y, 3).reshape(3, 1, 3)[[j for j in range(3) if j != int(y)]]
-    out = bab.branch_and_bound(g, lo.unsqueeze(1), hi.unsqueeze(1), C, torch.zeros(2), torch.arange(2),
-                               deadline=math.inf, anchor=x.unsqueeze(1), batch=4, max_leaves=60)
+    out = bab.branch_and_bound(g, lo.unsqueeze(1), hi.unsqueeze(1), Rows(C, torch.zeros(2), torch.arange(2)),
+                               deadline=math.inf, options=BabOptions(batch=4, max_leaves=60, intermediate="full"),
+                               centre=x.unsqueeze(1))
     assert any(len(cons) > 0 for _, cons, _ in out.leaves)
     pts = _grid(lo[0], hi[0])[::7]
-    vals = [pts.unsqueeze(1)]
     with torch.no_grad():
-        for node in g.nodes[1:]:
-            vals.append(certify.ops.forward(node, [vals[j] for j in node.inputs]))
+        vals = g.values(pts)
     for group in range(2):
         inside = torch.zeros(len(pts), dtype=torch.bool)
         for k, cons, _ in out.leaves:
@@ -210,34 +219,39 @@ def test_split_interval_children_cover_the_parent(lo, width, t):
 def test_split_points_inside_the_interval():
     l = torch.tensor([-1.0, 0.5, -3.0, 2.0, -2.0], dtype=torch.float64)
     u = torch.tensor([2.0, 0.5 + 1e-14, -1.0, 2.0, 0.0], dtype=torch.float64)
-    p = bab._split_points("relu", l, u)
+    p = ops.get("relu").split.point(l, u)
     assert p[0] == 0 and torch.isnan(p[1:]).all()  # only the crossing ReLU is split
-    p = bab._split_points("exp", l, u)
+    p = ops.get("exp").split.point(l, u)
     ok = ~torch.isnan(p)
     assert ok.tolist() == [True, False, True, False, True]
     assert ((l[ok] < p[ok]) & (p[ok] < u[ok])).all()
 
 
 def test_zero_budget_is_unknown():
-    r = bab.verify(MODEL, X[:2], Y[:2], EPS, timeout=1e-9, domain=None)
+    r = _bab(X[:2], Y[:2], EPS, timeout=1e-9)
     assert r.status == ("unknown", "unknown")
     assert all(v.counterexample is None and v.leaves == 0 for v in r.verdicts)
 
 
 def test_api_verify_bab_path():
-    r = certify.verify(MODEL, X[:1], Y[:1], 0.01, method="bab", timeout=10, domain=None)
-    assert isinstance(r, certify.BabResult) and r.status == ("certified",)
+    r = certify.verify(MODEL, X[:1], Y[:1], 0.01, method="bab", domain=None, options=BabOptions(timeout=10))
+    assert isinstance(r, certify.CertResult) and r.status == ("certified",) and r.certified.tolist() == [True]
     assert r.counts() == {"certified": 1, "falsified": 0, "unknown": 0}
+    # the same result type as the bound-only methods, verdicts included
+    c = certify.verify(MODEL, X[:1], Y[:1], 0.01, method="crown", domain=None)
+    assert type(c) is type(r) and c.status in (("certified",), ("unknown",)) and c.counts()["falsified"] == 0
     with pytest.raises(ValueError, match="timeout"):
         certify.verify(MODEL, X[:1], Y[:1], 0.01, method="bab", domain=None)
-    with pytest.raises(ValueError, match="timeout"):
-        certify.verify(MODEL, X[:1], Y[:1], 0.01, method="crown", timeout=5, domain=None)
+    with pytest.raises(ValueError, match="options: method 'crown' takes a BoundOptions"):
+        certify.verify(MODEL, X[:1], Y[:1], 0.01, method="crown", domain=None, options=BabOptions(timeout=5))
+    with pytest.raises(ValueError, match="bab-vertex"):
+        certify.verify(MODEL, X[:1], Y[:1], 0.01, method="bab", domain=None, options=BabOptions(timeout=5, vertex=True))
 
 
 @pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), float("inf"), True, "5"])
 def test_bad_timeout_named(timeout):
     with pytest.raises(ValueError, match="timeout"):
-        bab.verify(MODEL, X[:1], Y[:1], EPS, timeout=timeout, domain=None)
+        _bab(X[:1], Y[:1], EPS, timeout=timeout)
 
 
 def test_auto_root_optimises_only_open_roots(monkeypatch):
@@ -247,21 +261,22 @@ def test_auto_root_optimises_only_open_roots(monkeypatch):
 
     calls = []
     propagate = crown.propagate
-    monkeypatch.setattr(crown, "propagate", lambda *a, **k: calls.append(k["intermediate"]) or propagate(*a, **k))
+    monkeypatch.setattr(crown, "propagate",
+                        lambda *a, **k: calls.append(k["options"].intermediate) or propagate(*a, **k))
     seen = set()
     for b in range(6):
         calls.clear()
-        v = bab.verify(MODEL, X[b:b + 1], Y[b:b + 1], EPS, timeout=20, domain=None, max_leaves=20, batch=8,
-                       intermediate="auto", attack=False).verdicts[0]
+        r = _bab(X[b:b + 1], Y[b:b + 1], EPS, timeout=20, max_leaves=20, batch=8, intermediate="auto",
+                 attack=AttackOptions(enabled=False))
         # the roots alone are one leaf per target class (2 here): more means a root was open
-        assert calls == (["full"] if v.leaves == 2 else ["full", "alpha"])
+        assert calls == (["full"] if r.verdicts[0].leaves == 2 else ["full", "alpha"])
         seen.add(tuple(calls))
-        assert (v.lower_margin <= _grid_margins(X[b], int(Y[b]), EPS) + 1e-9).all()
+        assert (r.lower_margin[0] <= _grid_margins(X[b], int(Y[b]), EPS) + 1e-9).all()
     assert seen == {("full",), ("full", "alpha")}
 
 
 def test_auto_root_leaves_branching_its_share_of_the_budget(monkeypatch):
-    """The "auto" root optimises within ROOT_SHARE of the budget left when it starts, not up
+    """The "auto" root optimises within root_share of the budget left when it starts, not up
     to the sample's deadline (on two blocks it used to take all of it: no leaf was split)."""
     import time
 
@@ -271,18 +286,18 @@ def test_auto_root_leaves_branching_its_share_of_the_budget(monkeypatch):
     propagate = crown.propagate
 
     def spy(*a, **k):
-        if k["intermediate"] == "alpha":
+        if k["options"].intermediate == "alpha":
             seen.append((time.monotonic(), k["deadline"]))
         return propagate(*a, **k)
 
     monkeypatch.setattr(crown, "propagate", spy)
     timeout = 30.0
     for b in range(6):
-        bab.verify(MODEL, X[b:b + 1], Y[b:b + 1], EPS, timeout=timeout, domain=None, max_leaves=20, batch=8,
-                   intermediate="auto", attack=False)
+        _bab(X[b:b + 1], Y[b:b + 1], EPS, timeout=timeout, max_leaves=20, batch=8, intermediate="auto",
+             attack=AttackOptions(enabled=False))
         for now, deadline in seen:
             # the budget left when it starts is at most the timeout (1 ms: the spy's own clock read)
-            assert 0 < deadline - now <= bab.ROOT_SHARE * timeout + 1e-3
+            assert 0 < deadline - now <= BabOptions().root_share * timeout + 1e-3
         if seen:
             break
     assert seen, "no open root among the first six samples"
@@ -292,13 +307,15 @@ def test_bad_input_named():
     bad = X[:1].clone()
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="x"):
-        bab.verify(MODEL, bad, Y[:1], EPS, timeout=5, domain=None)
+        _bab(bad, Y[:1], EPS, timeout=5)
     with pytest.raises(ValueError, match="eps"):
-        bab.verify(MODEL, X[:1], Y[:1], float("nan"), timeout=5, domain=None)
+        _bab(X[:1], Y[:1], float("nan"), timeout=5)
     with pytest.raises(ValueError, match="label"):
-        bab.verify(MODEL, X[:1], torch.tensor([7]), EPS, timeout=5, domain=None)
+        _bab(X[:1], torch.tensor([7]), EPS, timeout=5)
     with pytest.raises(ValueError, match="intermediate"):
-        bab.verify(MODEL, X[:1], Y[:1], EPS, timeout=5, domain=None, intermediate="fast")
+        _bab(X[:1], Y[:1], EPS, timeout=5, intermediate="fast")
+    with pytest.raises(ValueError, match="branching"):
+        _bab(X[:1], Y[:1], EPS, timeout=5, branching="random")
 
 
 # ---------------------------------------------------------------- VNN-COMP on the same engine
@@ -400,13 +417,13 @@ def test_split_constraint_bounds_hold_on_the_leaf(seed, scale):
     x, y = X[b:b + 1], int(Y[b])
     g = graph_of(MODEL, x)
     lo, hi = input_box(x, EPS, None)
-    st_ = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), anchor=x.unsqueeze(1))
+    st_ = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), centre=x.unsqueeze(1))
     C = margin_spec(torch.tensor([y]), 3).reshape(3, *g.nodes[g.output].shape)[None]
     pts = _grid(lo[0], hi[0])[::7].reshape(-1, 1, 2)
     vals = _node_values(g, pts, st_)
     inside = torch.ones(len(pts), dtype=torch.bool)
     cons = {}
-    feeds, _ = bab._splittable(g)
+    feeds = splittable(g)
     for i in feeds:
         l, u = st_.bounds[i]
         lo_c = torch.full_like(l, -torch.inf)
@@ -485,17 +502,17 @@ def test_a_leaf_keeps_the_parameters_of_its_best_bound():
     lo, hi = input_box(x, EPS, None)
     keep = [j for j in range(3) if j != int(Y[0])]
     C = margin_spec(Y[:1], 3).reshape(3, 1, 3)[keep]
-    eng = bab._Engine(graph_of(MODEL, x), lo.unsqueeze(1), hi.unsqueeze(1), C, torch.zeros(2), torch.arange(2),
-                      x.unsqueeze(1), False, 4, 10.0, 0)
-    best, _, alpha, _, _ = eng._bound([{}, {}], [0, 1], None, None)
+    eng = LeafBounder(graph_of(MODEL, x), (lo.unsqueeze(1), hi.unsqueeze(1)), Rows(C, torch.zeros(2), torch.arange(2)),
+                      x.unsqueeze(1), BabOptions(alpha_steps=4, lr=10.0, intermediate="full"))
+    res = eng.bound([{}, {}], [0, 1], None, None)
     st, _, _ = eng._state([{}, {}])
     with torch.no_grad():
-        again = eng._backward(st, C.unsqueeze(1), alpha, {})
-    torch.testing.assert_close(again, best, rtol=0, atol=1e-12)
+        again = eng._backward(st, C.unsqueeze(1), res.params, {})
+    torch.testing.assert_close(again, res.lower, rtol=0, atol=1e-12)
 
 
 def test_relu_split_gain_is_the_intercept_it_removes():
-    """split_gain on a ReLU: with the gradients of a bound that pays lam times the upper
+    """The ReLU's split gain: with the gradients of a bound that pays lam times the upper
     line's intercept c(l, u) = -ul/(u - l), the estimate equals the exact gain of the two
     children, lam (c(l, u) - c(l, 0)) + lam (c(l, u) - c(0, u)) = 2 lam c(l, u). Any
     other nonlinearity keeps the plain first-order estimate."""
@@ -508,7 +525,7 @@ def test_relu_split_gain_is_the_intercept_it_removes():
     gl, gu = torch.autograd.grad((-lam * c).sum(), (lt, ut))
     p = torch.zeros_like(l)
     exact = 2 * lam * c.detach()  # each child ([l, 0] and [0, u]) has intercept 0
-    assert torch.allclose(bab.split_gain("relu", l, u, p, gl, gu), exact, rtol=1e-12, atol=0)
+    assert torch.allclose(ops.get("relu").split.gain(l, u, p, gl, gu), exact, rtol=1e-12, atol=0)
     plain = (-gu).clamp(min=0) * (u - p) + gl.clamp(min=0) * (p - l)
-    assert torch.equal(bab.split_gain("sigmoid", l, u, p, gl, gu), plain)
+    assert torch.equal(ops.get("sigmoid").split.gain(l, u, p, gl, gu), plain)
     assert (plain < exact).all()  # the first-order estimate alone ranks ReLU splits too low
