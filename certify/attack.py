@@ -1,12 +1,13 @@
 """PGD on the margin (Madry et al. 2018) with random restarts: the falsification side.
 
-Each step moves x by eps/4 · sign(∇) of the worst margin loss -min_{j≠y}(z_y - z_j),
-projected onto the points of the L∞ ball, clipped to the input domain, as written (x and eps
-the given floats taken exactly: ``spec.inner_box``; the outward-rounded ``input_box`` is for
-bounding only). PGD runs on a float64 copy; a point is a counterexample (VNN-COMP "sat") only
-once ``confirm`` holds: rounded to the model's own dtype it lies in the ball (exact
-rationals, ``spec.in_ball``) and the model itself, in that dtype, gives some z_j > z_y. A
-sample is "unsat" only when a sound method certified it.
+Each step moves x by eps·``step`` · sign(∇) (``certify.options.AttackOptions``; eps/4 by
+default) of the worst margin loss -min_{j≠y}(z_y - z_j), projected onto the points of the L∞
+ball, clipped to the input domain, as written (x and eps the given floats taken exactly:
+``spec.inner_box``; the outward-rounded ``input_box`` is for bounding only). PGD runs on a
+float64 copy; a point is a counterexample (VNN-COMP "sat") only once ``confirm`` holds:
+rounded to the model's own dtype it lies in the ball (exact rationals, ``spec.in_ball``) and
+the model itself, in that dtype, gives some z_j > z_y. A sample is "unsat" only when a sound
+method certified it.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from softcert.certify.options import AttackOptions
 from softcert.certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, in_ball, inner_box
 from softcert.certify.trace import Logits
 
@@ -41,20 +43,23 @@ def margins(model, x, label):
     return z.gather(1, label[:, None]) - z
 
 
-def pgd(model, x, label, eps, steps=40, restarts=2, step=None, seed=0, domain=DOMAIN, box=None):
-    """Worst (smallest) margins found by PGD: returns (x_adv (B,...), margins (B, K)). Steps
-    are projected onto ``box`` (lo, hi), by default the float64 points of the ball as
-    written (``spec.inner_box``)."""
+def pgd(model, x, label, eps, options=AttackOptions(), *, domain=DOMAIN, box=None):
+    """Worst (smallest) margins found by PGD: returns (x_adv (B,...), margins (B, K)).
+    ``options`` (``certify.options.AttackOptions``): ``restarts`` x ``steps`` sign steps of
+    eps·``step``, random restarts drawn from a generator seeded ``seed`` (the first restart
+    starts at x). Steps are projected onto ``box`` (lo, hi), by default the float64 points of
+    the ball as written (``spec.inner_box``)."""
+    _check_options(options)
     lo, hi = inner_box(x, eps, domain) if box is None else box
-    step = eps / 4 if step is None else step
-    gen = torch.Generator().manual_seed(seed)
+    step = eps * options.step  # eps·0.25 == eps/4 exactly: the default schedule is unchanged
+    gen = torch.Generator().manual_seed(options.seed)
     best_x, best_m = x.clone(), margins(model, x, label).detach()
     other = torch.ones_like(best_m, dtype=torch.bool)
     other[torch.arange(len(label)), label] = False
     worst = lambda m: torch.where(other, m, torch.inf).min(1).values  # noqa: E731
-    for r in range(restarts):
+    for r in range(options.restarts):
         xa = lo + (hi - lo) * torch.rand(x.shape, generator=gen, dtype=x.dtype) if r else x.clone()
-        for _ in range(steps + 1):
+        for _ in range(options.steps + 1):
             xa = xa.detach().requires_grad_(True)
             m = margins(model, xa, label)
             w = worst(m)
@@ -66,6 +71,11 @@ def pgd(model, x, label, eps, steps=40, restarts=2, step=None, seed=0, domain=DO
             (g,) = torch.autograd.grad(-w.sum(), xa)
             xa = torch.minimum(torch.maximum(xa + step * g.sign(), lo), hi)
     return best_x.detach(), best_m
+
+
+def _check_options(options):
+    if not isinstance(options, AttackOptions):
+        raise ValueError(f"options: expected a certify.options.AttackOptions, got {type(options).__name__}")
 
 
 def confirm(model, point, x, label, eps, domain=DOMAIN, box=None):
@@ -101,13 +111,15 @@ class AttackResult:
         return torch.tensor([s == "sat" for s in self.status])
 
 
-def attack(model, x, label, eps, steps=40, restarts=2, certified=None, seed=0, *, domain=DOMAIN) -> AttackResult:
-    """PGD with restarts in the L∞ ball clipped to ``domain`` (x must lie in it; None: no
-    clipping) on any model whose output is logits (see ``certify.trace.logits_of``). With
-    ``certified`` (bool (B,)), certified samples are 'unsat'; a sample both certified and
-    falsified would be a soundness bug and raises RuntimeError."""
+def attack(model, x, label, eps, certified=None, *, options=AttackOptions(), domain=DOMAIN) -> AttackResult:
+    """PGD with restarts (``pgd`` with ``options``, a ``certify.options.AttackOptions``) in the
+    L∞ ball clipped to ``domain`` (x must lie in it; None: no clipping) on any model whose
+    output is logits (see ``certify.trace.logits_of``). With ``certified`` (bool (B,)),
+    certified samples are 'unsat'; a sample both certified and falsified would be a soundness
+    bug and raises RuntimeError."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    _check_options(options)
     domain = None if domain is None else check_domain(domain)
     eps = check_eps(eps)
     x = check_images(model, x, domain)
@@ -117,7 +129,7 @@ def attack(model, x, label, eps, steps=40, restarts=2, certified=None, seed=0, *
         classes = logits(model64, x[:1]).shape[1]
     label = check_labels(label, x.shape[0], classes)
     box = inner_box(x, eps, domain, model_dtype(own))  # points PGD may return: the model's dtype
-    xa, m = pgd(model64, x, label, eps, steps, restarts, seed=seed, domain=domain, box=box)
+    xa, m = pgd(model64, x, label, eps, options, domain=domain, box=box)
     other = torch.ones_like(m, dtype=torch.bool)
     other[torch.arange(len(label)), label] = False
     mm = torch.where(other, m, torch.inf).min(1).values

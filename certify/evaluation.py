@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from softcert.certify.api import verify
-from softcert.certify.attack import attack, logits
+from softcert.certify.attack import attack as run_attack
+from softcert.certify.attack import logits
 from softcert.certify.methods import METHODS
+from softcert.certify.options import AttackOptions
 from softcert.certify.spec import (
     DOMAIN,
-    check_batch_size,
     check_domain,
     check_eps,
     check_images,
@@ -135,11 +136,13 @@ class Evaluation:
         return sum(seen.values()), len(seen)
 
 
-def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, batch_size=8,
-             domain=DOMAIN, progress=None) -> Evaluation:
+def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=DOMAIN, progress=None) -> Evaluation:
     """Attack, verify and cross-check ``model`` on images ``x`` with labels ``y`` for every
-    eps in ``eps_list`` and every method name in ``methods``. ``progress``: optional
-    callable progress(done, total, what), called after each attack and each method run."""
+    eps in ``eps_list`` and every method name in ``methods``. ``attack``: the PGD of
+    ``certify.attack`` (a ``certify.options.AttackOptions``, enabled, at least one restart
+    and one step); each method runs with ``certify.verify``'s default batch size. ``progress``:
+    optional callable progress(done, total, what), called after each attack and each method
+    run."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     eps_list = tuple(check_eps(e) for e in eps_list)
@@ -151,12 +154,12 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
         raise ValueError("eps_list: expected at least one radius")
     if not methods:
         raise ValueError("methods: expected at least one method")
-    for name, v in (("attack_steps", attack_steps), ("restarts", restarts)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+    if not isinstance(attack, AttackOptions):
+        raise ValueError(f"attack: expected a certify.options.AttackOptions, got {type(attack).__name__}")
+    if not attack.enabled or attack.steps < 1 or attack.restarts < 1:  # the cross-check needs the attack
+        raise ValueError(f"attack: expected enabled, steps >= 1 and restarts >= 1, got {attack}")
     if progress is not None and not callable(progress):
         raise ValueError(f"progress: expected a callable or None, got {type(progress).__name__}")
-    batch_size = check_batch_size(batch_size)
     domain = check_domain(domain)
     x = check_images(model, x, domain)
     with torch.no_grad():
@@ -169,7 +172,7 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
     total, done = len(eps_list) * (1 + len(methods)), 0
     records = []
     for eps in eps_list:
-        att = attack(model, xc, yc, eps, steps=attack_steps, restarts=restarts, domain=domain) if idx else None
+        att = run_attack(model, xc, yc, eps, options=attack, domain=domain) if idx else None
         done += 1
         if progress is not None:
             progress(done, total, f"eps={eps} PGD")
@@ -177,7 +180,7 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
             res, peak = None, None
             if idx:
                 with PeakMemory() as mem:
-                    res = verify(model, xc, yc, eps, method=meth, batch_size=batch_size, domain=domain)
+                    res = verify(model, xc, yc, eps, method=meth, domain=domain)
                 peak = mem.mb
             if res is not None:
                 _check_sound(att, res, meth, eps)
@@ -196,7 +199,7 @@ def evaluate(model, x, y, eps_list, methods, *, attack_steps=40, restarts=2, bat
             done += 1
             if progress is not None:
                 progress(done, total, f"eps={eps} {meth}")
-    return Evaluation(tuple(records), x.shape[0], eps_list, methods, attack_steps, restarts, domain)
+    return Evaluation(tuple(records), x.shape[0], eps_list, methods, attack.steps, attack.restarts, domain)
 
 
 def _check_sound(att, res, meth, eps):

@@ -19,6 +19,9 @@ import types
 
 INSTALL_HINT = "pip install --no-deps auto-lirpa==0.3"
 BOUND_OPTS = {"conv_mode": "matrix", "fixed_reducemax_index": True, "sparse_features_alpha": False}
+#: alpha-CROWN's slope optimisation in ``lirpa_lower``: 20 Adam steps at rate 0.1 (auto_LiRPA's
+#: ``optimize_bound_args``; the "20 iterations, lr 0.1" of docs/mathematics.md)
+ALPHA_OPTS = {"iteration": 20, "lr_alpha": 0.1}
 _STATE = {"loaded": False, "reducemax_fixed": None, "orig_reducemax": None}
 
 
@@ -135,11 +138,10 @@ def bounded_module(model, z0, custom_ops=None, patch_reducemax=True):
                                custom_ops=custom_ops, device="cpu")
 
 
-def lirpa_lower(model, zl, zu, z0, C, method, custom_ops=None, patch_reducemax=True,
-                iterations=20, lr=0.1):
+def lirpa_lower(model, zl, zu, z0, C, method, custom_ops=None, patch_reducemax=True):
     """auto_LiRPA lower bound of C·logits over the input box [zl, zu] (a certify.ViT: images
-    or patches). method: 'IBP',
-    'CROWN' or 'alpha-CROWN' (ReLU slopes, ``iterations`` Adam steps at ``lr``)."""
+    or patches). method: 'IBP', 'CROWN' or 'alpha-CROWN' (ReLU slopes optimised as
+    ``ALPHA_OPTS`` says)."""
     import torch
 
     lirpa = load(patch_reducemax)
@@ -154,7 +156,7 @@ def lirpa_lower(model, zl, zu, z0, C, method, custom_ops=None, patch_reducemax=T
         with torch.no_grad():
             bm(x)  # patch 5: forward on the actual input fixes the max indices
         if method == "alpha-CROWN":
-            bm.set_bound_opts({"optimize_bound_args": {"iteration": iterations, "lr_alpha": lr}})
+            bm.set_bound_opts({"optimize_bound_args": dict(ALPHA_OPTS)})
         lo, _ = bm.compute_bounds(x=(x,), C=C, method=method, bound_upper=False)
     except Exception as exc:
         where = failure_site(exc)

@@ -9,6 +9,7 @@ module built from supported operators (``certify.trace``).
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
@@ -51,28 +52,58 @@ class Block(nn.Module):
         return x + self.fc2(self.relu(self.fc1(self.norm2(x))))
 
 
-class ViT(nn.Module):
-    """ViT-style classifier; ``forward`` takes images, ``forward_patches`` flattened patches."""
+@dataclass(frozen=True)
+class ViTConfig:
+    """The architecture of a ``ViT``: ``image`` (C, H, W), square patches of side ``patch``
+    (dividing H and W), width ``dim``, ``heads`` (dividing ``dim``), MLP width ``mlp``,
+    ``depth`` blocks, ``classes`` logits, ``layer_norm`` (pre-norm blocks and a final norm;
+    else Identity) and ``pool`` ("mean" over tokens or the "cls" token). ``ViT.config`` is
+    its dict (``asdict``), the form ``certify/train.py`` saves in the zoo checkpoints."""
 
-    def __init__(self, image=(1, 28, 28), patch=7, dim=32, heads=4, mlp=64, depth=1,
-                 classes=10, layer_norm=False, pool="mean"):
+    image: tuple = (1, 28, 28)
+    patch: int = 7
+    dim: int = 32
+    heads: int = 4
+    mlp: int = 64
+    depth: int = 1
+    classes: int = 10
+    layer_norm: bool = False
+    pool: str = "mean"
+
+    def __post_init__(self):
+        object.__setattr__(self, "image", tuple(self.image))
+        _, h, w = self.image
+        if h % self.patch or w % self.patch:
+            raise ValueError(f"patch: {self.patch} does not divide the image size {h}x{w}")
+        if self.pool not in ("mean", "cls"):
+            raise ValueError(f"pool: expected 'mean' or 'cls', got {self.pool!r}")
+
+
+class ViT(nn.Module):
+    """ViT-style classifier; ``forward`` takes images, ``forward_patches`` flattened patches.
+    Built from a ``ViTConfig`` or its fields as keywords (``ViT(**checkpoint["config"])``, as
+    ``certify/zoo.py`` loads the zoo), not both."""
+
+    def __init__(self, config: ViTConfig | None = None, /, **fields):
         super().__init__()
-        c, h, w = image
-        if h % patch or w % patch:
-            raise ValueError(f"patch: {patch} does not divide the image size {h}x{w}")
-        if pool not in ("mean", "cls"):
-            raise ValueError(f"pool: expected 'mean' or 'cls', got {pool!r}")
-        self.config = dict(image=tuple(image), patch=patch, dim=dim, heads=heads, mlp=mlp,
-                           depth=depth, classes=classes, layer_norm=layer_norm, pool=pool)
-        self.image, self.patch, self.pool = tuple(image), patch, pool
-        self.tokens = (h // patch) * (w // patch)
+        if config is None:
+            config = ViTConfig(**fields)
+        elif not isinstance(config, ViTConfig):
+            raise ValueError(f"config: expected a ViTConfig, got {type(config).__name__}")
+        elif fields:
+            raise ValueError(f"config: give a ViTConfig or its fields, not both (got {', '.join(fields)})")
+        c, dim, patch, pool = config.image[0], config.dim, config.patch, config.pool
+        self.config = asdict(config)
+        self.image, self.patch, self.pool = config.image, patch, pool
+        self.tokens = (config.image[1] // patch) * (config.image[2] // patch)
         self.embed = nn.Linear(c * patch * patch, dim)
         n = self.tokens + (pool == "cls")
         self.pos = nn.Parameter(0.02 * torch.randn(n, dim))
         self.cls = nn.Parameter(torch.zeros(dim)) if pool == "cls" else None
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp, layer_norm) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim) if layer_norm else nn.Identity()
-        self.head = nn.Linear(dim, classes)
+        self.blocks = nn.ModuleList(Block(dim, config.heads, config.mlp, config.layer_norm)
+                                    for _ in range(config.depth))
+        self.norm = nn.LayerNorm(dim) if config.layer_norm else nn.Identity()
+        self.head = nn.Linear(dim, config.classes)
 
     def patchify(self, x):
         """(B, C, H, W) -> (B, N, C·p·p), patches in row-major order."""

@@ -65,10 +65,7 @@ def forward(network: OnnxNetwork, x) -> torch.Tensor:
     if x.dim() == 1:
         x = x.unsqueeze(0)
     x = x.reshape(x.shape[0], *network.input_shape)
-    vals = [x]
-    for node in network.graph.nodes[1:]:
-        vals.append(ops.forward(node, [vals[j] for j in node.inputs]))
-    return vals[-1]
+    return network.graph.values(x, lifted=True)[-1]  # x has the model's own first axis already
 
 
 # ---------------------------------------------------------------- loading
@@ -618,8 +615,13 @@ def _reduce(mean):
     return rule
 
 
-def _batch_norm(lw, name, at, x, scale, bias, mean, var, *rest):
+def _batch_norm(lw, name, at, x, *stats):
+    """y = scale (x - input_mean) / √(input_var + ε) + B per channel; ``stats``: the constant
+    inputs (scale, B, input_mean, input_var) after X (inputs past them are ignored)."""
     # training mode (attribute or extra outputs) was refused by ``_not_inference``
+    if len(stats) < 4:
+        raise ValueError(f"expected the inputs X, scale, B, input_mean, input_var; got {1 + len(stats)} input(s)")
+    scale, bias, mean, var = stats[:4]
     for v, what in ((scale, "scale"), (bias, "B"), (mean, "input_mean"), (var, "input_var")):
         _need_const(v, what)
     if len(lw.shape(x)) < 2:

@@ -40,9 +40,14 @@ from softcert.certify.api import linear_bounds
 from softcert.certify.lowering import F64
 from softcert.certify.methods import METHODS
 from softcert.certify.onnx_graph import OnnxNetwork, forward
+from softcert.certify.options import BabOptions
 from softcert.certify.vnnlib import Property, Region, float_up
 
 RESULTS = ("sat", "unsat", "unknown", "timeout")
+#: branch and bound for ``solve(..., method="bab")``: Vertex-Softmax in the leaves, the root's
+#: intermediate bounds by CROWN ("full"; the deadline is the whole instance's, shared by its
+#: regions)
+BAB_OPTIONS = BabOptions(vertex=True, intermediate="full")
 #: the methods of certify.METHODS that run on a graph (not the auto_LiRPA baselines)
 BOUND_METHODS = tuple(name for name, m in METHODS.items() if not m.needs_model)
 #: what ``solve`` takes: those, and "bab" (branch and bound on nonlinear neurons)
@@ -78,13 +83,13 @@ class _Timeout(Exception):
 
 # ---------------------------------------------------------------- bounds
 def _output_softmax(graph):
-    """The attention entry whose probabilities are the graph output (possibly through a
-    reshape), or None."""
+    """The attention site (``certify.graph.AttentionSite``) whose probabilities are the graph
+    output (possibly through a reshape), or None."""
     out = graph.output
     node = graph.nodes[out]
     if node.op == "reshape":
         out = node.inputs[0]
-    return next((a for a in graph.attention if a["probs"] == out), None)
+    return next((a for a in graph.attention if a.probs == out), None)
 
 
 def lower_bounds(graph, xl, xu, C, method="crown"):
@@ -97,17 +102,17 @@ def lower_bounds(graph, xl, xu, C, method="crown"):
     att = _output_softmax(graph)
     if method == "vertex" and att is not None:
         with torch.no_grad():
-            state = crown.propagate(graph, xl, xu, vertex=True, anchor=(xl + xu) / 2)
+            state = crown.propagate(graph, xl, xu, algorithm="vertex", centre=(xl + xu) / 2)
             # the output's own interval, intersected with its exact Vertex-Softmax interval
             lo = torch.maximum(lo, crown.ibp_lower(state, C))
             # c·softmax(s) exactly over the score box, row by row (a sum of row minima is a
             # lower bound of the minimum of the sum); both the raw and the shifted scores are
             # tried: the raw box is the exact one when the scores are (affine in) the input
             # box, the shifted one is often tighter deeper in a network
-            shape = graph.nodes[att["probs"]].shape
+            shape = graph.nodes[att.probs].shape
             c = C.reshape(C.shape[0], C.shape[1], -1, shape[-1])
             for key in ("scores", "shifted"):
-                sl, su = state.bounds[att[key]]
+                sl, su = state.bounds[getattr(att, key)]
                 if not (torch.isfinite(sl).all() and torch.isfinite(su).all()):
                     continue  # an overflowed score bound: the other bounds stand
                 sl = sl.reshape(sl.shape[0], 1, -1, shape[-1]).expand_as(c)
@@ -176,14 +181,15 @@ def _violation(y, region):
     return torch.stack(out, -1).min(-1).values
 
 
-def _attack(rt, region, lo, hi, deadline, gen, restarts=8, steps=40, starts=None):
+def _attack(rt, region, box, deadline, gen, restarts=8, steps=40, starts=None):
     """A counterexample (x, y) confirmed by ``_check``, or None. PGD on the float64 graph
-    within [lo, hi] intersected with the region's attack box (points of the box as written).
-    ``starts`` (P, n): start points (default: the centre and random points)."""
+    within ``box`` (lo, hi), a part of the region's input box, intersected with the region's
+    attack box (points of the box as written). ``starts`` (P, n): start points (default: the
+    centre and random points)."""
     inner = rt.box(region)
     if inner is None:
         return None  # no input of the model's dtype lies in the box as written
-    lo, hi = np.maximum(lo, inner[0].astype(np.float64)), np.minimum(hi, inner[1].astype(np.float64))
+    lo, hi = np.maximum(box[0], inner[0].astype(np.float64)), np.minimum(box[1], inner[1].astype(np.float64))
     if np.any(lo > hi):
         return None
     n = lo.shape[0]
@@ -304,7 +310,7 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "crown", 
     try:
         # a cheap attack on every region first: most "sat" instances fall here
         for r in regions:
-            cex = _attack(rt, r, r.lower, r.upper, deadline, gen, restarts=4, steps=10)
+            cex = _attack(rt, r, (r.lower, r.upper), deadline, gen, restarts=4, steps=10)
             if cex is not None:
                 return verdict("sat", cex)
         if method == "bab":
@@ -323,7 +329,7 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "crown", 
                         continue
                     # the full attack on the whole box, a light one on its parts
                     root = lo is r.lower and hi is r.upper
-                    cex = _attack(rt, r, lo, hi, deadline, gen, *((8, 40) if root else (2, 10)))
+                    cex = _attack(rt, r, (lo, hi), deadline, gen, *((8, 40) if root else (2, 10)))
                     if cex is not None:
                         return verdict("sat", cex, nboxes)
                     if budget - len(queue) < 2 or not np.any(hi > lo):
@@ -357,14 +363,14 @@ def _solve_bab(rt, regions, deadline, gen, verdict):
         def falsify(starts, r=r):
             try:
                 if starts is None:
-                    return _attack(rt, r, r.lower, r.upper, deadline, gen, 8, 40)
-                return _attack(rt, r, r.lower, r.upper, deadline, gen, steps=10,
+                    return _attack(rt, r, (r.lower, r.upper), deadline, gen, 8, 40)
+                return _attack(rt, r, (r.lower, r.upper), deadline, gen, steps=10,
                                starts=starts.reshape(starts.shape[0], -1))
             except _Timeout:
                 return None
 
-        out = bab.branch_and_bound(network.graph, xl, xu, C, rhs, owner, deadline=deadline, anchor=(xl + xu) / 2,
-                                   vertex=True, falsify=falsify)
+        out = bab.branch_and_bound(network.graph, xl, xu, bab.Rows(C, rhs, owner), deadline=deadline,
+                                   options=BAB_OPTIONS, falsify=falsify, centre=(xl + xu) / 2)
         leaves += out.bounded
         if out.counterexample is not None:
             return verdict("sat", out.counterexample, leaves)

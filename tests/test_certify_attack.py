@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from softcert import certify
-from softcert.certify import bab
-from softcert.certify.attack import attack
+from softcert.certify.attack import attack, pgd
+from softcert.certify.options import AttackOptions, BabOptions
+from softcert.certify.result import STATUSES
 
 
 def linear(weight, bias, dtype=torch.float64):
@@ -48,7 +49,7 @@ def test_near_tie_on_the_ball_edge_is_not_falsified():
     in float64). It was "falsified" at 0.25 - 2^-55, outside the ball (input_box rounds out)."""
     model = linear([[1.0], [0.0]], [2.0 ** -60, 0.25])
     x = torch.tensor([[0.5]], dtype=torch.float64)
-    r = bab.verify(model, x, torch.tensor([0]), 0.25, timeout=10, domain=None)
+    r = certify.verify(model, x, torch.tensor([0]), 0.25, "bab", domain=None, options=BabOptions(timeout=10))
     assert r.status[0] != "falsified" and r.verdicts[0].counterexample is None
     a = attack(model, x, torch.tensor([0]), 0.25, domain=None)
     assert a.status[0] != "sat"
@@ -60,7 +61,7 @@ def test_float32_counterexamples_are_float32_points_of_the_ball():
     below 0.3. The counterexample is a float32 inside the ball, violated in float32."""
     model = linear([[1.0], [0.0]], [0.0, 0.3], torch.float32)
     x = torch.tensor([[0.5]], dtype=torch.float64)
-    r = bab.verify(model, x, torch.tensor([0]), 0.3, timeout=10, domain=None)
+    r = certify.verify(model, x, torch.tensor([0]), 0.3, "bab", domain=None, options=BabOptions(timeout=10))
     assert r.status == ("falsified",)
     check_counterexample(model, r.verdicts[0].counterexample, x, 0, 0.3)
     a = attack(model, x, torch.tensor([0]), 0.3, domain=None)
@@ -78,7 +79,7 @@ def test_violated_only_between_float32_points_is_not_falsified():
     model = linear([[1.0], [0.0]], [0.0, b1], torch.float32)
     x, eps = torch.tensor([[0.5]], dtype=torch.float64), 0.25 - 2.0 ** -40
     assert inner_box(x, eps, None, torch.float32)[0].item() == b1
-    r = bab.verify(model, x, torch.tensor([0]), eps, timeout=5, domain=None)
+    r = certify.verify(model, x, torch.tensor([0]), eps, "bab", domain=None, options=BabOptions(timeout=5))
     assert r.status == ("unknown",)
     assert attack(model, x, torch.tensor([0]), eps, domain=None).status == ("unknown",)
 
@@ -88,9 +89,9 @@ def test_one_logit_is_certified_as_crown_says():
     model = linear([[1.0, -2.0]], [0.5])
     x = torch.tensor([[0.1, 0.2]], dtype=torch.float64)
     crown = certify.verify(model, x, torch.tensor([0]), 0.1, domain=None)
-    r = bab.verify(model, x, torch.tensor([0]), 0.1, timeout=5, domain=None)
+    r = certify.verify(model, x, torch.tensor([0]), 0.1, "bab", domain=None, options=BabOptions(timeout=5))
     assert bool(crown.certified[0]) and r.status == ("certified",)
-    assert torch.equal(r.verdicts[0].lower_margin, torch.zeros(1, dtype=torch.float64))
+    assert torch.equal(r.lower_margin[0], torch.zeros(1, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -153,8 +154,9 @@ def test_near_tie_fuzz(seed):
         x0 = torch.tensor(rng.uniform(-1, 1, (1, n)).round(3), dtype=torch.float64)
         eps = [0.25, 0.1, 0.3, 2.0 ** -20][rng.integers(4)]
         model, exact = near_tie_model(rng, n, classes, dtype, x0, eps, relu=bool(k % 3 == 2))
-        r = bab.verify(model, x0, torch.tensor([0]), eps, timeout=3, domain=None, max_leaves=50)
-        a = attack(model, x0, torch.tensor([0]), eps, domain=None, steps=20)
+        r = certify.verify(model, x0, torch.tensor([0]), eps, "bab", domain=None,
+                           options=BabOptions(timeout=3, max_leaves=50))
+        a = attack(model, x0, torch.tensor([0]), eps, domain=None, options=AttackOptions(steps=20))
         seen[r.status[0]] = seen.get(r.status[0], 0) + 1
         if r.status[0] == "falsified":
             check_counterexample(model, r.verdicts[0].counterexample, x0, 0, eps)
@@ -163,4 +165,22 @@ def test_near_tie_fuzz(seed):
         if a.status[0] == "sat":
             check_counterexample(model, a.x_adv[0], x0, 0, eps)
         assert in_ball(a.x_adv[0], x0[0], eps)
-    assert set(seen) <= set(bab.STATUSES)
+    assert set(seen) <= set(STATUSES)
+
+
+def test_attack_options_are_validated_and_drive_pgd():
+    """pgd/attack take their schedule as a certify.options.AttackOptions: anything else (e.g.
+    the old positional steps) is a ValueError naming ``options``; the step is
+    eps·options.step, so a larger step reaches the ball's corner in fewer steps."""
+    model = linear([[1.0], [0.0]], [0.0, 0.3])  # z0 - z1 = x - 0.3: falsified at x <= 0.3
+    x, lab = torch.tensor([[0.5]], dtype=torch.float64), torch.tensor([0])
+    with pytest.raises(ValueError, match="options"):
+        pgd(model, x, lab, 0.25, 40)
+    with pytest.raises(ValueError, match="options"):
+        attack(model, x, lab, 0.25, options=dict(steps=3), domain=None)
+    one = AttackOptions(steps=1, restarts=1)
+    _, short = pgd(model, x, lab, 0.25, one, domain=None)  # 0.5 - 0.25/4: not below 0.3
+    _, long = pgd(model, x, lab, 0.25, AttackOptions(steps=1, restarts=1, step=1.0), domain=None)
+    assert short[0, 1] > 0 > long[0, 1]
+    assert attack(model, x, lab, 0.25, options=AttackOptions(steps=1, restarts=1, step=1.0),
+                  domain=None).status == ("sat",)

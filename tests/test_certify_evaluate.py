@@ -12,6 +12,7 @@ from softcert import certify
 from softcert.certify import evaluation as evaluate_module
 from softcert.certify.api import CertResult
 from softcert.certify.models import ViT
+from softcert.certify.options import AttackOptions
 
 
 def _model():
@@ -31,7 +32,8 @@ M, X, Y = _model()
 @pytest.fixture(scope="module")
 def ev():
     calls = []
-    out = certify.evaluate(M, X, Y, [0.0, 0.002, 0.05], ["ibp", "crown"], attack_steps=5, restarts=1,
+    out = certify.evaluate(M, X, Y, [0.0, 0.002, 0.05], ["ibp", "crown"],
+                           attack=AttackOptions(steps=5, restarts=1),
                            progress=lambda done, total, what: calls.append((done, total, what)))
     return out, calls
 
@@ -72,22 +74,27 @@ def test_a_certificate_broken_by_the_attack_raises(monkeypatch):
 
     monkeypatch.setattr(evaluate_module, "verify", liar)
     with pytest.raises(certify.SoundnessError, match="soundness violation"):
-        certify.evaluate(M, X[:3], Y[:3], [0.3], ["crown"], attack_steps=5, restarts=1)
+        certify.evaluate(M, X[:3], Y[:3], [0.3], ["crown"], attack=AttackOptions(steps=5, restarts=1))
 
 
-@pytest.mark.parametrize("bad", [dict(eps_list=[]), dict(methods=["nope"]), dict(attack_steps=0),
+@pytest.mark.parametrize("bad", [dict(eps_list=[]), dict(methods=["nope"]), dict(attack=AttackOptions(steps=0)),
+                                 dict(attack=AttackOptions(restarts=0)), dict(attack=AttackOptions(enabled=False)),
+                                 dict(attack=(40, 2)),
                                  dict(progress="bar"), dict(eps_list=[-1.0])])
 def test_evaluate_validates(bad):
-    kw = dict(eps_list=[0.01], methods=["ibp"], attack_steps=2) | bad
+    kw = dict(eps_list=[0.01], methods=["ibp"], attack=AttackOptions(steps=2)) | bad
     with pytest.raises(ValueError, match=next(iter(bad)).replace("_list", "")):
         certify.evaluate(M, X, Y, kw.pop("eps_list"), kw.pop("methods"), **kw)
 
 
 def test_method_registry_carries_descriptions_and_assumptions():
     assert list(certify.METHODS) == ["ibp", "crown", "alpha-crown", "vertex", "alpha-crown-relu",
-                                     "alpha-crown-intermediate", "lirpa-ibp", "lirpa-crown", "lirpa-alpha-crown"]
+                                     "alpha-crown-intermediate", "lirpa-ibp", "lirpa-crown", "lirpa-alpha-crown", "bab",
+                                     "bab-vertex"]
     for name, m in certify.METHODS.items():
         assert m.name == name and m.description and m.assumptions
+        # one table: the complete methods (three-valued verdicts) are registered beside the others
+        assert m.complete == name.startswith("bab") and (m.lower is None) == m.complete
     r = certify.verify(M, X[:1], Y[:1], 0.01, method="crown")
     assert r.assumptions == certify.METHODS["crown"].assumptions and "float64" in r.assumptions
     with pytest.raises(TypeError):

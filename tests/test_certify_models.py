@@ -79,3 +79,25 @@ def test_idx_loader_roundtrip(tmp_path):
     x, y = mnist_local(tmp_path, train=False)
     assert x.shape == (2, 1, 28, 28) and y.tolist() == [3, 7]
     assert x[0, 0, 0, 1].item() == pytest.approx(1 / 255)
+
+
+def test_vit_from_config_or_fields():
+    """ViT(ViTConfig(...)) and ViT(**fields) (how certify/zoo.py loads a checkpoint's config)
+    build the same model; mixing the two, or a bad field, is a ValueError naming it."""
+    from softcert.certify.models import ViTConfig
+
+    fields = dict(image=[1, 4, 4], patch=2, dim=8, heads=2, mlp=8, classes=3, layer_norm=True, pool="cls")
+    torch.manual_seed(0)
+    a = ViT(ViTConfig(**fields))
+    torch.manual_seed(0)
+    b = ViT(**fields)
+    assert a.config == b.config == dict(fields, image=(1, 4, 4), depth=1)
+    assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+    with pytest.raises(ValueError, match="config"):
+        ViT(ViTConfig(), dim=8)
+    with pytest.raises(ValueError, match="config"):
+        ViT(dict(fields))
+    with pytest.raises(ValueError, match="patch"):
+        ViT(image=(1, 4, 4), patch=3)
+    with pytest.raises(ValueError, match="pool"):
+        ViTConfig(pool="max")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from softcert.certify import zoo
+from softcert.certify.options import AttackOptions
 from softcert.cli import modelio
 
 pytest.importorskip("onnx")
@@ -165,5 +166,5 @@ def test_any_onnx_classifier_loads_as_its_own_graph(tmp_path):
         y = m(x.float()).argmax(1)
         torch.testing.assert_close(model(x), m(x.float()).double(), rtol=1e-5, atol=1e-5)
     r = certify.verify(model, x, y, 0.01, method="crown")
-    a = certify.attack(model, x, y, 0.01, steps=5)
+    a = certify.attack(model, x, y, 0.01, options=AttackOptions(steps=5))
     assert (a.min_margin >= r.worst_margin - 1e-9).all()

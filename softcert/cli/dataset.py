@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from softcert import certify
+from softcert.certify.options import AttackOptions
 from softcert.certify.spec import check_eps
 from softcert.cli import common
 from softcert.cli.store import Store
@@ -68,7 +69,8 @@ def _digest(spec):
 @dataclass(frozen=True)
 class Job:
     """What a dataset run computes: ``certify.evaluate(model, x[:n], y[:n], eps, methods,
-    attack_steps=..., restarts=...)`` for each model spec (zoo name or file), image by image."""
+    attack=AttackOptions(steps=attack_steps, restarts=restarts))`` for each model spec (zoo
+    name or file), image by image."""
 
     models: tuple
     eps: tuple
@@ -81,10 +83,14 @@ class Job:
     def __post_init__(self):
         if not self.models or not all(isinstance(m, str) for m in self.models):
             raise ValueError(f"model: expected one or more model names, got {self.models!r}")
-        unknown = [m for m in self.methods if m not in certify.METHODS]
+        bound = [m for m, meth in certify.METHODS.items() if not meth.complete]
+        unknown = [m for m in self.methods if m not in bound]
         if unknown or not self.methods:
-            raise ValueError(f"--methods: unknown method(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
-                             f"choose from {', '.join(certify.METHODS)}")
+            complete = [m for m in unknown if m in certify.METHODS]
+            hint = (f" ({', '.join(map(repr, complete))}: branch and bound, with a time budget per sample: "
+                    f"`softcert bab`)") if complete else ""
+            raise ValueError(f"--methods: unknown method(s) {', '.join(map(repr, unknown)) or '(none given)'}{hint}; "
+                             f"choose from {', '.join(bound)}")
         if not self.eps:
             raise ValueError("--eps: expected at least one radius")
         for e in self.eps:  # before any model loads or bar starts (issue 32)
@@ -195,7 +201,7 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(_seed(spec, index))
             ev = certify.evaluate(model, x[index:index + 1], y[index:index + 1], [eps], list(methods),
-                                  attack_steps=job.attack_steps, restarts=job.restarts)
+                                  attack=AttackOptions(steps=job.attack_steps, restarts=job.restarts))
         out += [record_to_json(spec, dataclasses.replace(r, index=index)) for r in ev.records]
     # where and how long the whole task ran (PGD included): the scaling model's t_task
     where = {"worker": f"{socket.gethostname()}:{os.getpid()}", "task_seconds": time.perf_counter() - start}

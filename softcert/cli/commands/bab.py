@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from softcert import certify
-from softcert.certify import bab, zoo
+from softcert.certify import zoo
+from softcert.certify.options import ROOT_INTERMEDIATE, BabOptions
 from softcert.cli import common, style
 
 #: the ingredients table: column -> method. "alpha-crown-relu" and "alpha-crown" name the
@@ -44,8 +45,8 @@ def configure(parser):
     parser.add_argument("--softmax", default="sigmoid", choices=certify.SOFTMAX_FORMS,
                         help="softmax lowering (certify.softmax_form): sigmoid (default) or product (the lowering "
                              "before session 7, 2026-12-03, to measure what the default buys)")
-    parser.add_argument("--intermediate", default="auto", choices=bab.ROOT_INTERMEDIATE,
-                        help="the bab root's intermediate bounds (certify.bab.verify): auto (default; optimised "
+    parser.add_argument("--intermediate", default="auto", choices=ROOT_INTERMEDIATE,
+                        help="the bab root's intermediate bounds (certify.BabOptions.intermediate): auto (default; optimised "
                              "only where the root is left open), full (CROWN: the default before session 8, "
                              "2026-12-03), alpha (always optimised)")
     parser.add_argument("--out", default="docs/certify")
@@ -104,8 +105,8 @@ def _runs(args, out, rows, commands, bar):
             for meth in args.methods:
                 bar.set_postfix_str(f"{name} eps {eps} {meth}")
                 if meth in ("bab", "bab-vertex"):
-                    r = bab.verify(model, x, y, eps, timeout=args.timeout, vertex=meth == "bab-vertex",
-                                   intermediate=args.intermediate)
+                    r = certify.verify(model, x, y, eps, meth,
+                                       options=BabOptions(timeout=args.timeout, intermediate=args.intermediate))
                     for b, v in enumerate(r.verdicts):
                         if v.status == "certified" and bool(att.falsified[b]):
                             raise certify.SoundnessError(f"{name} eps {eps} image {b}: bab certified, PGD falsified")
@@ -113,7 +114,7 @@ def _runs(args, out, rows, commands, bar):
                         counts=r.counts(), certified=r.counts()["certified"],
                         seconds=[v.seconds for v in r.verdicts], status=list(r.status),
                         leaves=[v.leaves for v in r.verdicts], vertex_leaves=[v.vertex_leaves for v in r.verdicts],
-                        lower_margin=[v.lower_margin.tolist() for v in r.verdicts])
+                        lower_margin=r.lower_margin.tolist())
                 else:
                     per = _timed_bound(model, x, y, eps, _registered(meth))
                     for b, (c, _) in enumerate(per):
@@ -153,18 +154,18 @@ def _write(out, rows, commands, args):
              "clipped to [0, 1]; the first n test images. PGD-robust: no counterexample from PGD (40 steps x 2",
              "restarts), the ceiling of any sound method. bab falsified / unknown and bab leaves: of bab, or of",
              "bab-vertex where bab did not run. bab: `certify.verify(model, x, y, eps, method=\"bab\", "
-             "timeout=T)` with T the command's --timeout",
-             "(certify/bab.py): alpha-CROWN at the root, then splits of the inputs of ReLU, exp, -log and sigmoid and of",
+             "options=BabOptions(timeout=T))` with T the command's --timeout",
+             "(certify/bab/): alpha-CROWN at the root, then splits of the inputs of ReLU, exp, -log and sigmoid and of",
              "attention scores, alpha warm-started from the parent, split constraints in the bound through",
              "optimised beta-CROWN multipliers, falsification (PGD, then PGD from each",
              "leaf's worst point) alongside; bab-vertex: the same with Vertex-Softmax intervals at the root and",
-             "P·V bounds in the leaves (`vertex=True`). alpha-crown-relu: alpha-CROWN on the ReLU slopes only "
+             "P·V bounds in the leaves (method `bab-vertex`). alpha-crown-relu: alpha-CROWN on the ReLU slopes only "
              "(method `" + _registered("alpha-crown-relu") + "`); alpha-crown: on every optimisable relaxation (certify/ops).",
              "softmax: the lowering of our methods (`--softmax`, certify.softmax_form): sigmoid, p_k = σ(y_k - log Σ_{j≠k}",
              "exp y_j), or product, exp(y_k) · 1/Σ_j exp(y_j) (the default before session 7, 2026-12-03).",
-             "bab root: the root's intermediate bounds (`--intermediate`, certify.bab.ROOT_INTERMEDIATE): full (CROWN), or",
+             "bab root: the root's intermediate bounds (`--intermediate`, certify.options.ROOT_INTERMEDIATE): full (CROWN), or",
              "auto (CROWN, then, where the root is left open and PGD fails, the most sensitive quarter of each split",
-             "node's elements re-bounded by alpha-CROWN within half the budget left (`certify.bab.ROOT_SHARE`, since",
+             "node's elements re-bounded by alpha-CROWN within half the budget left (`BabOptions.root_share`, since",
              "session 9; before, up to the deadline); the default since session 8).", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]

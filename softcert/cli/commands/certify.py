@@ -23,7 +23,7 @@ def configure(parser):
     parser.add_argument("--model", nargs="+", default=["mnist-vit1"], help="zoo names (certify.zoo.names()), checkpoints (.pt) or ONNX files (.onnx, any graph of supported operators)")
     parser.add_argument("--eps", nargs="+", type=float, default=[0.005, 0.01, 0.02])
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, metavar="METHOD",
-                        help=f"from certify.METHODS: {', '.join(certify.METHODS)}")
+                        help=f"bound-only methods of certify.METHODS: {', '.join(m for m, x in certify.METHODS.items() if not x.complete)}")
     parser.add_argument("--n", type=int, default=10, help="first n test images")
     parser.add_argument("--out", default="docs/certify")
     dataset.add_arguments(parser, "OUT/store.jsonl")

@@ -52,7 +52,8 @@ class Settings:
     fp_algorithms: tuple = ("three_pass", "online", "tree")
 
 
-FULL = Settings("full", 10, (0.01, 0.02, 0.03), tuple(certify.METHODS), 8, 360, 16, None, (0.001, 0.01, 0.05, 0.1), 24)
+FULL = Settings("full", 10, (0.01, 0.02, 0.03), tuple(m for m, meth in certify.METHODS.items() if not meth.complete),
+                8, 360, 16, None, (0.001, 0.01, 0.05, 0.1), 24)
 QUICK = Settings("quick", 6, (0.01, 0.03), ("ibp", "crown", "vertex"), 4, 120, 6, 8, (0.01, 0.05), 12)
 # test-only: the same stages on the smallest inputs that still exercise each of them
 TINY = Settings("tiny", 2, (0.02,), ("ibp", "crown", "vertex"), 2, 16, 2, 2, (0.01,), 4)

@@ -29,7 +29,7 @@ def configure(parser):
                         metavar="MODEL", help=f"from {', '.join(user_models.NAMES)}")
     parser.add_argument("--eps", nargs="+", type=float, default=[0.01, 0.02])
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, metavar="METHOD",
-                        help=f"from certify.METHODS: {', '.join(certify.METHODS)}")
+                        help=f"bound-only methods of certify.METHODS: {', '.join(m for m, x in certify.METHODS.items() if not x.complete)}")
     parser.add_argument("--n", type=int, default=16, help="first n test digits")
     parser.add_argument("--epochs", type=int, default=user_models.EPOCHS, help="training epochs per model")
     parser.add_argument("--out", default="docs/certify")
@@ -37,10 +37,11 @@ def configure(parser):
 
 def run(args) -> int:
     torch.set_num_threads(1)
-    unknown = [m for m in args.methods if m not in certify.METHODS]
+    bound = [m for m, meth in certify.METHODS.items() if not meth.complete]
+    unknown = [m for m in args.methods if m not in bound]
     if unknown:
-        raise ValueError(f"--methods: unknown method(s) {', '.join(map(repr, unknown))}; "
-                         f"choose from {', '.join(certify.METHODS)}")
+        raise ValueError(f"--methods: unknown method(s) {', '.join(map(repr, unknown))} (branch and bound runs in "
+                         f"`softcert bab`); choose from {', '.join(bound)}")
     if args.n < 1:
         raise ValueError("--n: must be >= 1")
     if args.epochs < 0:
