@@ -94,7 +94,7 @@ class GraphModule(torch.nn.Module):
             raise ValueError(f"graph: expected a certify Graph, got {type(graph).__name__}")
         self.graph = graph
         # a parameter-free module still needs a dtype for callers that ask for one
-        self.register_buffer("anchor", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("dtype_marker", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x):
         return self.graph.values(x)[-1].squeeze(1)

@@ -49,3 +49,45 @@ def test_no_certify_function_takes_more_than_eight_parameters():
                 offenders.append(f"certify/{rel}:{fn.lineno} {fn.name} ({len(params)}: {', '.join(params)})")
     assert not offenders, (f"functions with more than {MAX_PARAMETERS} parameters (group them into an "
                            "options object, certify/options.py):\n" + "\n".join(offenders))
+
+
+ROOT = CERTIFY.parent
+
+
+def _softcert_modules(tree):
+    """Local names bound to modules of softcert (``from softcert.x import mod``, ``import
+    softcert.x.mod as m``): where an UPPER_CASE attribute would be a module-level tunable."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("softcert"):
+            names.update(a.asname or a.name for a in node.names if not a.name[:1].isupper())
+        elif isinstance(node, ast.Import):
+            names.update(a.asname for a in node.names if a.name.startswith("softcert") and a.asname)
+    return names
+
+
+def _tunable_writes(tree, modules):
+    """Assignments ``mod.UPPER = ...`` / ``setattr(mod, "UPPER", ...)`` to a softcert module."""
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules \
+                    and t.attr.isupper():
+                yield node.lineno, f"{t.value.id}.{t.attr}"
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "setattr" \
+                and len(node.args) >= 2 and isinstance(node.args[0], ast.Name) and node.args[0].id in modules \
+                and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).isupper():
+            yield node.lineno, f"{node.args[0].id}.{node.args[1].value}"
+
+
+def test_no_module_level_tunable_is_reassigned():
+    """Settings travel as options objects (certify/options.py): nothing in the library, the
+    tests, the examples or the commands reassigns a module's UPPER_CASE constant."""
+    offenders = []
+    for folder in ("certify", "bounds", "kernels", "analysis", "softcert", "tests", "examples"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            offenders += [f"{path.relative_to(ROOT)}:{line} {what}"
+                          for line, what in _tunable_writes(tree, _softcert_modules(tree))]
+    assert not offenders, "module-level tunables reassigned (pass an options object instead):\n" + "\n".join(offenders)

@@ -53,13 +53,14 @@ def _bounds(model, method, x, y, eps):
     from softcert.certify.spec import input_box, margin_spec
 
     if method == "lirpa-crown":
-        return certify.verify(model, x, y, eps, method="lirpa-crown", batch_size=1).lower_margin
+        return certify.verify(model, x, y, eps, method="lirpa-crown",
+                              options=certify.BoundOptions(batch_size=1)).lower_margin
     graph = certify.graph_of(model, x[:1])
     lo, hi = input_box(x, eps)
     mode = MODES[method]
     with torch.no_grad():
-        state = crown.propagate(graph, lo.unsqueeze(1), hi.unsqueeze(1), anchor=x.unsqueeze(1),
-                                intermediate=mode)
+        state = crown.propagate(graph, lo.unsqueeze(1), hi.unsqueeze(1), centre=x.unsqueeze(1),
+                                options=certify.PropagationOptions(intermediate=mode))
         C = margin_spec(y, CLASSES).reshape(x.shape[0], CLASSES, *graph.nodes[graph.output].shape)
         return crown.backward(state, graph.output, C)
 
@@ -194,7 +195,7 @@ def _write(out, rows, command):
              "eps clipped to [0, 1]) and peak resident memory of the process running the configuration",
              "(a fresh subprocess each: `ru_maxrss` of resource.getrusage(RUSAGE_SELF); `base MB` is the",
              "same measure just before the first image: Python, torch and the model). Ours, by",
-             "`certify.crown.propagate(..., intermediate=...)`: `crown` = \"full\" (the default: every",
+             "`certify.crown.propagate(..., options=PropagationOptions(intermediate=...))`: `crown` = \"full\" (the default: every",
              "element not already exact, cache-sized chunks), `crown-sparse` = \"sparse\" (also skips",
              "elements whose relaxation IBP already decides, e.g. stable ReLUs), `crown-dense` = \"dense\"",
              "(the algorithm before: [I; -I] over every element). `lirpa-crown`: auto_LiRPA 0.3 CROWN",
