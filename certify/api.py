@@ -21,13 +21,16 @@ import torch
 from softcert.certify import crown
 from softcert.certify.graph_cache import classes_of, graph_of
 from softcert.certify.methods import get_method
+from softcert.certify.ops import tensor_of
 from softcert.certify.options import BoundOptions
 from softcert.certify.result import CertResult, Problem
 from softcert.certify.spec import (
     DOMAIN,
     check_box,
+    check_device,
     check_domain,
     check_eps,
+    check_graph_device,
     check_images,
     check_labels,
     check_progress,
@@ -51,7 +54,10 @@ def linear_bounds(graph, lower, upper, C, method="crown", center=None) -> torch.
     lo, hi, c = check_box(lower, upper, center)
     if tuple(lo.shape[1:]) != shape:
         raise ValueError(f"lower: expected shape (B, {', '.join(map(str, shape))}), got {tuple(lo.shape)}")
-    C = torch.as_tensor(C).to(torch.float64)
+    C = tensor_of(C, device=lo.device).to(torch.float64)
+    if C.device != lo.device:
+        raise ValueError(f"C: on {C.device} but lower is on {lo.device}; move both to one device")
+    check_graph_device(graph, lo, "lower")
     out = tuple(graph.nodes[graph.output].shape)
     if C.dim() != 2 + len(out) or C.shape[0] != lo.shape[0] or tuple(C.shape[2:]) != out:
         raise ValueError(f"C: expected shape ({lo.shape[0]}, S, {', '.join(map(str, out))}), got {tuple(C.shape)}")
@@ -66,7 +72,7 @@ def _lift(t):
 def _problem(model, graph, box, label, eps=None, domain=None):
     """The ``Problem`` of inputs box = (centre, lower, upper) (B, ...), labels checked."""
     x, lo, hi = box
-    label = check_labels(label, x.shape[0], classes_of(graph))
+    label = check_labels(label, x.shape[0], classes_of(graph), x.device)
     return Problem(model, graph, x, lo, hi, label, eps, domain, model)
 
 
@@ -101,6 +107,7 @@ def verify_box(model, lower, upper, label, method="crown", *, center=None, optio
                          f"methods")
     options = meth.check_options(options)
     lo, hi, c = check_box(lower, upper, center)
+    check_device(model, lo, "lower")
     graph = graph_of(model, c)
     return meth.run(_problem(model, graph, (c, lo, hi), label), options)
 
@@ -112,18 +119,19 @@ def _embeddings_call(model, e):
 def embed(model, input_ids) -> torch.Tensor:
     """float64 token embeddings (B, T, d) of ``input_ids`` (B, T) by the model's input embedding
     layer (``model.get_input_embeddings()``, as Hugging Face models have)."""
-    ids = torch.as_tensor(input_ids)
+    ids = tensor_of(input_ids)
     if ids.dtype in (torch.bool,) or ids.is_floating_point() or ids.is_complex():
         raise ValueError(f"input_ids: expected integer token ids, got dtype {ids.dtype}")
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     if ids.dim() != 2 or ids.numel() == 0:
-        raise ValueError(f"input_ids: expected shape (B, T) or (T,), got {tuple(torch.as_tensor(input_ids).shape)}")
+        raise ValueError(f"input_ids: expected shape (B, T) or (T,), got {tuple(tensor_of(input_ids).shape)}")
     get = getattr(model, "get_input_embeddings", None)
     if get is None:
         raise ValueError(f"model: {type(model).__name__} has no get_input_embeddings(); verify_text needs a model "
                          f"that embeds tokens and takes inputs_embeds (e.g. a Hugging Face model)")
     layer = get()
+    check_device(layer, ids, "input_ids")
     if (ids < 0).any() or (ids >= layer.num_embeddings).any():
         raise ValueError(f"input_ids: token ids must lie in [0, {layer.num_embeddings})")
     with torch.no_grad():
@@ -146,12 +154,12 @@ def verify_text(model, input_ids, label, eps, positions=None, method="crown", *,
     t = e.shape[1]
     if positions is None:
         positions = list(range(t))
-    pos = torch.as_tensor(positions)
+    pos = tensor_of(positions, device=e.device).to(e.device)
     if pos.dim() == 0:
         pos = pos.reshape(1)
     if pos.is_floating_point() or pos.dtype == torch.bool or pos.numel() == 0 or (pos < 0).any() or (pos >= t).any():
         raise ValueError(f"positions: expected token indices in [0, {t}), got {positions!r}")
-    mask = torch.zeros(t, 1, dtype=torch.float64)
+    mask = torch.zeros(t, 1, dtype=torch.float64, device=e.device)
     mask[pos] = 1.0
     r = eps * mask
     # e ± r rounded outward on the chosen positions, exact elsewhere
@@ -233,5 +241,5 @@ def attention_boxes(model, x, eps, *, domain=DOMAIN, method="vertex") -> tuple:
 def forward(graph, x) -> torch.Tensor:
     """The graph's output at inputs ``x`` (B, *input shape), float64 (a plain forward pass)."""
     with torch.no_grad():
-        return graph.values(torch.as_tensor(x).to(torch.float64), lifted=True)[-1]
+        return graph.values(tensor_of(x).to(torch.float64), lifted=True)[-1]
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from softcert.certify.ops import tensor_of
 from softcert.certify.options import AttackOptions
 from softcert.certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, in_ball, inner_box
 from softcert.certify.trace import Logits
@@ -27,8 +28,8 @@ def model_dtype(model):
     # of its buffers; float32 there would evaluate margins at rounded inputs
     t = next(iter(model.parameters()), None)
     if t is None:
-        t = next((b for b in model.buffers() if b.is_floating_point()), torch.empty(0))
-    return t.dtype
+        t = next((b for b in model.buffers() if b.is_floating_point()), None)
+    return torch.get_default_dtype() if t is None else t.dtype
 
 
 def logits(model, x):
@@ -47,18 +48,20 @@ def pgd(model, x, label, eps, options=AttackOptions(), *, domain=DOMAIN, box=Non
     """Worst (smallest) margins found by PGD: returns (x_adv (B,...), margins (B, K)).
     ``options`` (``certify.options.AttackOptions``): ``restarts`` x ``steps`` sign steps of
     eps·``step``, random restarts drawn from a generator seeded ``seed`` (the first restart
-    starts at x). Steps are projected onto ``box`` (lo, hi), by default the float64 points of
-    the ball as written (``spec.inner_box``)."""
+    starts at x; the draws are made on the CPU and moved to x's device, so every device starts
+    from the same points). Steps are projected onto ``box`` (lo, hi), by default the float64
+    points of the ball as written (``spec.inner_box``)."""
     _check_options(options)
     lo, hi = inner_box(x, eps, domain) if box is None else box
     step = eps * options.step  # eps·0.25 == eps/4 exactly: the default schedule is unchanged
-    gen = torch.Generator().manual_seed(options.seed)
+    gen = torch.Generator(device="cpu").manual_seed(options.seed)
     best_x, best_m = x.clone(), margins(model, x, label).detach()
     other = torch.ones_like(best_m, dtype=torch.bool)
-    other[torch.arange(len(label)), label] = False
+    other[torch.arange(len(label), device=other.device), label] = False
     worst = lambda m: torch.where(other, m, torch.inf).min(1).values  # noqa: E731
     for r in range(options.restarts):
-        xa = lo + (hi - lo) * torch.rand(x.shape, generator=gen, dtype=x.dtype) if r else x.clone()
+        xa = lo + (hi - lo) * torch.rand(x.shape, generator=gen, dtype=x.dtype, device="cpu").to(x.device) \
+            if r else x.clone()
         for _ in range(options.steps + 1):
             xa = xa.detach().requires_grad_(True)
             m = margins(model, xa, label)
@@ -108,7 +111,7 @@ class AttackResult:
 
     @property
     def falsified(self):
-        return torch.tensor([s == "sat" for s in self.status])
+        return torch.tensor([s == "sat" for s in self.status], device=self.min_margin.device)
 
 
 def attack(model, x, label, eps, certified=None, *, options=AttackOptions(), domain=DOMAIN) -> AttackResult:
@@ -116,7 +119,7 @@ def attack(model, x, label, eps, certified=None, *, options=AttackOptions(), dom
     L∞ ball clipped to ``domain`` (x must lie in it; None: no clipping) on any model whose
     output is logits (see ``certify.trace.logits_of``). With ``certified`` (bool (B,)),
     certified samples are 'unsat'; a sample both certified and falsified would be a soundness
-    bug and raises RuntimeError."""
+    bug and raises RuntimeError. Results are on x's device (the model's)."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     _check_options(options)
@@ -127,13 +130,13 @@ def attack(model, x, label, eps, certified=None, *, options=AttackOptions(), dom
     own = copy.deepcopy(model).eval()  # the model in its own dtype, to confirm
     with torch.no_grad():
         classes = logits(model64, x[:1]).shape[1]
-    label = check_labels(label, x.shape[0], classes)
+    label = check_labels(label, x.shape[0], classes, x.device)
     box = inner_box(x, eps, domain, model_dtype(own))  # points PGD may return: the model's dtype
     xa, m = pgd(model64, x, label, eps, options, domain=domain, box=box)
     other = torch.ones_like(m, dtype=torch.bool)
-    other[torch.arange(len(label)), label] = False
+    other[torch.arange(len(label), device=other.device), label] = False
     mm = torch.where(other, m, torch.inf).min(1).values
-    cert = torch.zeros(len(label), dtype=torch.bool) if certified is None else torch.as_tensor(certified)
+    cert = torch.zeros(len(label), dtype=torch.bool, device=x.device) if certified is None else tensor_of(certified)
     status, xs = [], []
     for b, (c, v) in enumerate(zip(cert.tolist(), mm.tolist())):
         cex = None if v >= 0 else confirm(own, xa[b:b + 1], x[b:b + 1], label[b:b + 1], eps, domain,

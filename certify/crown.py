@@ -93,7 +93,7 @@ def _add_pair_sum(bias, p, q, a, b):
     s = weighted_sum(p, a) + weighted_sum(q, b)
     n = math.prod(p.shape[2:])
     total = weighted_sum(p, a.abs()) - weighted_sum(q, b.abs())
-    err = scale_charge(total, n + 1, 2 * n) + floor_charge(2 * n, 1.0)
+    err = scale_charge(total, n + 1, 2 * n) + floor_charge(2 * n, 1.0, bias.device)
     return sub_down(add_down(bias, s), err)
 
 
@@ -267,7 +267,8 @@ def vertex_pv_term(state, pv, A):
     else:
         d = vl.shape[-1]
         c = _no_info(sub_down(c, gamma_charge(A.abs() @ magnitude(vl, vu).transpose(-1, -2), d + 1)))
-    low = vertex_softmax(c, yl.expand_as(c), yu.expand_as(c)).lower
+    # bounds.vertex_softmax solves on the CPU (its kernels are numba's): the rows come back here
+    low = vertex_softmax(c, yl.expand_as(c), yu.expand_as(c)).lower.to(c.device)
     s = ops.sum_rest(low)
     if not sound:
         return s
@@ -288,10 +289,11 @@ def crown_node(state, i, select=None, optimise=0, lr=0.1, deadline=None):
     m, b = _numel(shape), state.batch
     widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
     half = max(1, state.options.chunk_elements // (2 * b * widest))
-    lo = torch.full((b, m), -torch.inf, dtype=torch.float64)
-    hi = torch.full((b, m), torch.inf, dtype=torch.float64)
+    device = state.bounds[0][0].device
+    lo = torch.full((b, m), -torch.inf, dtype=torch.float64, device=device)
+    hi = torch.full((b, m), torch.inf, dtype=torch.float64, device=device)
     if select is None:
-        idx, valid = torch.arange(m).expand(b, m), torch.ones(b, m, dtype=torch.bool)
+        idx, valid = torch.arange(m, device=device).expand(b, m), torch.ones(b, m, dtype=torch.bool, device=device)
     else:
         sel = select.reshape(b, m)
         k = int(sel.sum(1).max())
@@ -303,7 +305,7 @@ def crown_node(state, i, select=None, optimise=0, lr=0.1, deadline=None):
             break
         cidx, cval = idx[:, s: s + half], valid[:, s: s + half]
         c = cidx.shape[1]
-        A = torch.zeros(b, 2 * c, m, dtype=torch.float64)
+        A = torch.zeros(b, 2 * c, m, dtype=torch.float64, device=device)
         A[:, :c].scatter_(2, cidx.unsqueeze(-1), 1.0)
         A[:, c:].scatter_(2, cidx.unsqueeze(-1), -1.0)
         A = A.reshape(b, 2 * c, *shape)
@@ -459,7 +461,7 @@ def _crown_dense(state, i):
     m = _numel(shape)
     widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
     chunk = max(1, state.options.element_budget // (state.batch * widest))
-    eye = torch.eye(m, dtype=torch.float64)
+    eye = torch.eye(m, dtype=torch.float64, device=state.bounds[0][0].device)
     spec = torch.cat([eye, -eye])
     out = []
     for s in range(0, 2 * m, chunk):
@@ -473,14 +475,14 @@ def _vertex_interval(state, att, i):
     yl, yu = state.bounds[att.shifted]
     if i == att.probs:
         n = yl.shape[-1]
-        c = torch.eye(n, dtype=yl.dtype)  # row i picks p_i: exact elementwise interval
+        c = torch.eye(n, dtype=yl.dtype, device=yl.device)  # row i picks p_i: exact elementwise interval
         r = vertex_softmax(c, yl.unsqueeze(-2), yu.unsqueeze(-2))
-        return r.lower, r.upper
+        return r.lower.to(yl.device), r.upper.to(yl.device)  # solved on the CPU (see vertex_pv_term)
     vl, vu = state.bounds[att.values]
     # o_id in [min_s Σ_k p_k vl_kd, max_s Σ_k p_k vu_kd], rows (i, d) over keys k
     lo = vertex_softmax(vl.transpose(-1, -2).unsqueeze(-3), yl.unsqueeze(-2), yu.unsqueeze(-2)).lower
     hi = vertex_softmax(vu.transpose(-1, -2).unsqueeze(-3), yl.unsqueeze(-2), yu.unsqueeze(-2)).upper
-    return lo, hi
+    return lo.to(yl.device), hi.to(yl.device)
 
 
 def ibp_lower(state, C):

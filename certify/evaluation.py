@@ -164,7 +164,7 @@ def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=D
     x = check_images(model, x, domain)
     with torch.no_grad():
         z = logits(copy.deepcopy(model).eval(), x)
-    y = check_labels(y, x.shape[0], z.shape[1])
+    y = check_labels(y, x.shape[0], z.shape[1], x.device)
     pred = z.argmax(1)
     correct = pred == y
     idx = torch.nonzero(correct).flatten().tolist()

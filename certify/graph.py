@@ -3,10 +3,14 @@
 Front ends build it through ``certify.lowering.Builder`` (``certify.trace`` for torch
 modules, ``certify.onnx_graph`` for ONNX files); ``certify.crown`` propagates bounds over it.
 Node shapes are the full traced shapes (the model's own batch axis, size 1, included); at run
-time every value carries one more leading axis, the batch of input boxes.
+time every value carries one more leading axis, the batch of input boxes. The constants of the
+nodes (weights, index maps, masks) live on one device, ``Graph.device`` (the traced model's);
+inputs must be on it, and ``Graph.to`` gives the graph on another.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +70,25 @@ class Graph:
     def output(self):
         return len(self.nodes) - 1
 
+    @property
+    def device(self):
+        """The device of the nodes' constant tensors (None: the graph has none)."""
+        for node in self.nodes:
+            for t in _tensors(node.params.values()):
+                return t.device
+        return None
+
+    def to(self, device) -> Graph:
+        """This graph with every constant tensor on ``device`` (self when they all are there)."""
+        device = torch.device(device)
+        if all(t.device == device for node in self.nodes for t in _tensors(node.params.values())):
+            return self
+        out = copy.copy(self)
+        out.nodes = [dataclasses.replace(n, params={k: _moved(v, device) for k, v in n.params.items()})
+                     for n in self.nodes]
+        out.attention = list(self.attention)
+        return out
+
     def values(self, x, consts=None, *, lifted=False):
         """Every node's value, in node order, at inputs ``x`` (N, *input shape without the
         traced batch axis); each value is (N, *node shape). ``consts``: node id -> softmax
@@ -82,6 +105,23 @@ class Graph:
         return vals
 
 
+def _tensors(values):
+    """The tensors among ``values``, looking into tuples and lists (e.g. cat's pieces)."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (tuple, list)):
+            yield from _tensors(v)
+
+
+def _moved(v, device):
+    if isinstance(v, torch.Tensor):
+        return v.to(device)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_moved(x, device) for x in v)
+    return v
+
+
 class GraphModule(torch.nn.Module):
     """A verifier graph as a torch module (e.g. a model read from ONNX): forward(x) runs the
     graph on inputs (B, *input shape without the traced batch axis) and returns its output
@@ -93,8 +133,14 @@ class GraphModule(torch.nn.Module):
         if not isinstance(graph, Graph):
             raise ValueError(f"graph: expected a certify Graph, got {type(graph).__name__}")
         self.graph = graph
-        # a parameter-free module still needs a dtype for callers that ask for one
-        self.register_buffer("dtype_marker", torch.zeros((), dtype=torch.float64))
+        # a parameter-free module still needs a dtype for callers that ask for one, and a
+        # device: the graph's (``.to(device)`` moves the graph with it, see ``_apply``)
+        self.register_buffer("dtype_marker", torch.zeros((), dtype=torch.float64, device=graph.device or "cpu"))
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self.graph = self.graph.to(self.dtype_marker.device)  # the graph's constants keep float64
+        return out
 
     def forward(self, x):
         return self.graph.values(x)[-1].squeeze(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 import types
 import weakref
 from collections import OrderedDict
@@ -17,6 +18,7 @@ import torch
 
 from softcert.certify.graph import Graph, GraphModule
 from softcert.certify.lowering import current_softmax_form
+from softcert.certify.ops import tensor_of
 from softcert.certify.trace import Logits, trace
 
 # A traced graph is reused only while the model is provably the one traced: the same object
@@ -165,7 +167,8 @@ def graph_of(model, example, call=None, key="") -> Graph:
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, GraphModule) and call is None:
         return model.graph
-    k = (id(model), key, tuple(example.shape[1:]), current_softmax_form())
+    # the device too: a model without parameters or buffers traced on one device is not on another
+    k = (id(model), key, tuple(example.shape[1:]), current_softmax_form(), example.device)
     entry = _CACHE.get(k)
     if entry is not None and _fresh(entry, model, call):
         _CACHE.move_to_end(k)
@@ -185,7 +188,7 @@ def graph_of(model, example, call=None, key="") -> Graph:
 def check_supported(model, x) -> Graph:
     """Trace ``model`` at ``x`` (B, ...) and return the verifier's graph; ValueError naming
     the unsupported operator and the module path otherwise."""
-    x = torch.as_tensor(x)
+    x = tensor_of(x)
     if not torch.is_floating_point(x):
         raise ValueError(f"x: expected a floating tensor, got dtype {x.dtype}")
     return graph_of(model, x.to(torch.float64))
@@ -195,4 +198,4 @@ def classes_of(graph) -> int:
     out = graph.nodes[graph.output].shape
     if len(out) < 1 or out[0] != 1:
         raise ValueError(f"model: expected logits with a batch axis first, got output shape {out} at batch 1")
-    return int(torch.tensor(out[1:]).prod()) if len(out) > 1 else 1
+    return math.prod(out[1:]) if len(out) > 1 else 1

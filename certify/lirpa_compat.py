@@ -135,7 +135,7 @@ def bounded_module(model, z0, custom_ops=None, patch_reducemax=True):
     """A BoundedModule for ``model`` (a certify.ViT) on patch inputs like ``z0``."""
     lirpa = load(patch_reducemax)
     return lirpa.BoundedModule(PatchModel.wrap(model), z0, bound_opts=dict(BOUND_OPTS),
-                               custom_ops=custom_ops, device="cpu")
+                               custom_ops=custom_ops, device=str(z0.device))
 
 
 def lirpa_lower(model, zl, zu, z0, C, method, custom_ops=None, patch_reducemax=True):
@@ -226,10 +226,10 @@ def vertex_softmax_bound():
         def interval_propagate(self, *v):
             l, u = (self._last(t) for t in v[0])
             n = l.shape[-1]
-            eye = torch.eye(n, dtype=torch.float64)
-            r = vertex_softmax(eye, l.unsqueeze(-2), u.unsqueeze(-2))
-            return (_to_f32(r.lower, -1).movedim(-1, self.axis).to(v[0][0].dtype),
-                    _to_f32(r.upper, 1).movedim(-1, self.axis).to(v[0][0].dtype))
+            eye = torch.eye(n, dtype=torch.float64, device=l.device)
+            r = vertex_softmax(eye, l.unsqueeze(-2), u.unsqueeze(-2))  # solved on the CPU: moved back
+            return (_to_f32(r.lower.to(l.device), -1).movedim(-1, self.axis).to(v[0][0].dtype),
+                    _to_f32(r.upper.to(l.device), 1).movedim(-1, self.axis).to(v[0][0].dtype))
 
         def bound_backward(self, last_lA, last_uA, x):
             l, u = self._last(x.lower), self._last(x.upper)
@@ -240,7 +240,7 @@ def vertex_softmax_bound():
                     return 0
                 c = A.movedim(ax + 1, -1).double()
                 r = vertex_softmax(c, l.unsqueeze(0).expand_as(c), u.unsqueeze(0).expand_as(c))
-                val = (r.lower if lower else r.upper).flatten(2).sum(-1)
+                val = (r.lower if lower else r.upper).to(c.device).flatten(2).sum(-1)
                 return _to_f32(val, -1 if lower else 1)
 
             return [(None, None)], side(last_lA, True), side(last_uA, False)

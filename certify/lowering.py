@@ -19,6 +19,9 @@ Compound operations are lowered to primitives whose relaxations are known:
 Anything that only moves elements (view, permute, slice, select, expand, unfold, im2col,
 flip...) becomes one ``reshape`` or ``gather`` node whose index map is computed by applying
 the operation itself to the tensor of element positions, so it is exact by construction.
+Constants live on one device: the model's weights where the model is, and every constant made
+here (index maps, masks, numbers) on the lowering device (``lowering_device``, the traced
+input's; ``Builder.device``), so folding never mixes devices and the graph runs where its input is.
 """
 from __future__ import annotations
 
@@ -40,6 +43,14 @@ MASK_PENALTY = -1e30
 #: how an unmasked softmax is lowered (``softmax_form``): "sigmoid" (default) or "product"
 SOFTMAX_FORMS = ("sigmoid", "product")
 _SOFTMAX_FORM = contextvars.ContextVar("certify_softmax_form", default="sigmoid")
+_DEVICE = contextvars.ContextVar("certify_lowering_device", default="cpu")
+
+
+def lowering_device(device):
+    """Within the block, constants made by the lowering (``const`` of a number, index maps,
+    masks) are created on ``device`` (default: the CPU); ``certify.trace`` sets the traced
+    input's."""
+    return context_setting(_DEVICE, torch.device(device))
 
 
 def softmax_form(form):
@@ -60,10 +71,12 @@ def is_const(v) -> bool:
 
 
 def const(t):
-    """A constant operand as a tensor (float64 when floating)."""
+    """A constant operand as a tensor (float64 when floating); a tensor keeps its device, a
+    number is created on the lowering device (``lowering_device``)."""
     if isinstance(t, float):
-        return torch.tensor(t, dtype=F64)  # not via float32, torch's default dtype
-    t = torch.as_tensor(t).detach()  # parameters: the graph holds values, not autograd history
+        return torch.tensor(t, dtype=F64, device=_DEVICE.get())  # not via float32, torch's default dtype
+    # parameters: the graph holds values, not autograd history
+    t = t.detach() if isinstance(t, torch.Tensor) else torch.as_tensor(t, device=_DEVICE.get())
     return t.to(F64) if t.is_floating_point() else t
 
 
@@ -74,6 +87,7 @@ class Builder:
 
     def __init__(self):
         self.graph = Graph()
+        self.device = torch.device(_DEVICE.get())  # where the constants made here live (``lowering_device``)
 
     # ------------------------------------------------------------------ basics
     def input(self, shape, name="input") -> int:
@@ -95,7 +109,7 @@ class Builder:
         shape = self.shape(x)
         n = math.prod(shape)
         # positions + 1 so that the zeros of padding (im2col, pad) read as "no element"
-        pos = torch.arange(1, n + 1, dtype=F64).reshape(shape)
+        pos = torch.arange(1, n + 1, dtype=F64, device=self.device).reshape(shape)
         out = fn(pos)
         if isinstance(out, (tuple, list)):
             return tuple(self._index_node(x, o, shape, n, name) for o in out)
@@ -103,9 +117,10 @@ class Builder:
 
     def _index_node(self, x, pos, in_shape, n, name):
         index = pos.to(torch.int64) - 1
-        if tuple(index.shape) == tuple(in_shape) and torch.equal(index.flatten(), torch.arange(n)):
+        identity = torch.arange(n, device=index.device)
+        if tuple(index.shape) == tuple(in_shape) and torch.equal(index.flatten(), identity):
             return x
-        if index.numel() == n and torch.equal(index.flatten(), torch.arange(n)):
+        if index.numel() == n and torch.equal(index.flatten(), identity):
             return self.node("reshape", [x], index.shape, name, to=tuple(index.shape), in_shape=tuple(in_shape))
         padded = bool((index < 0).any())
         index = torch.where(index < 0, n, index)
@@ -277,7 +292,8 @@ class Builder:
         y = self.node("softmax_shift", [x], s, f"{name}.shifted")
         e = self.node("exp", [y], s, f"{name}.exp")
         if keep is None and s[-1] > 1 and current_softmax_form() == "sigmoid":
-            others = torch.ones(s[-1], s[-1], dtype=F64) - torch.eye(s[-1], dtype=F64)
+            others = torch.ones(s[-1], s[-1], dtype=F64, device=self.device) - \
+                torch.eye(s[-1], dtype=F64, device=self.device)
             # R_k > 0 in real arithmetic; the range keeps -log R defined where exp underflows
             rest = self.node("matmul_const", [e], s, f"{name}.rest", value_range=(0.0, None),
                              M=others, right=True, in_shape=s)
@@ -335,7 +351,7 @@ class Builder:
         n, m = self.shape(s)[-2:]
         keep, add = None, None
         if causal:
-            keep = torch.ones(n, m, dtype=torch.bool).tril()
+            keep = torch.ones(n, m, dtype=torch.bool, device=self.device).tril()
         if mask is not None:
             mask = const(mask)
             if mask.dtype == torch.bool:

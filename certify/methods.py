@@ -110,15 +110,15 @@ def _bound_margins(meth, problem, options, progress):
                             extra)
         except meth.soft_failures as exc:
             note = f"{meth.failure_note}: {type(exc).__name__}: {exc}"[:200]
-            lo = torch.full(C.shape[:2], -torch.inf, dtype=torch.float64)
+            lo = torch.full(C.shape[:2], -torch.inf, dtype=torch.float64, device=C.device)
         lo = lo.detach().to(torch.float64)
-        lo[torch.arange(len(lb)), lb] = 0.0
+        lo[torch.arange(len(lb), device=lo.device), lb] = 0.0
         out.append(lo)
         if progress is not None:
             progress(len(lb))
     lower_margin = torch.cat(out)
     other = torch.ones_like(lower_margin, dtype=torch.bool)
-    other[torch.arange(len(label)), label] = False
+    other[torch.arange(len(label), device=other.device), label] = False
     certified = torch.where(other, lower_margin > 0, True).all(1)
     return CertResult(lower_margin, certified, meth.name, problem.eps, time.perf_counter() - t0, note,
                       meth.assumptions, problem.domain, label)

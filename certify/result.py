@@ -91,7 +91,7 @@ class CertResult:
         if self.label is None:
             m[self.lower_margin == 0] = torch.inf
         else:
-            m[torch.arange(len(self.label)), self.label] = torch.inf
+            m[torch.arange(len(self.label), device=m.device), self.label] = torch.inf
         return m.min(1).values
 
     @property
@@ -101,7 +101,8 @@ class CertResult:
 
     @property
     def falsified(self):
-        return torch.tensor([v.status == "falsified" for v in self.verdicts], dtype=torch.bool)
+        return torch.tensor([v.status == "falsified" for v in self.verdicts], dtype=torch.bool,
+                            device=self.certified.device)
 
     def counts(self) -> dict:
         """{status: number of samples} for every status."""

@@ -12,13 +12,15 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+from softcert.certify.ops.core import tensor_of
+
 DOMAIN = (0.0, 1.0)
 
 
 def _real_scalar(value, name):
     """float(value) for a Python, numpy or 0-d tensor real scalar; ValueError otherwise."""
     if isinstance(value, (torch.Tensor, np.ndarray)):
-        if value.ndim != 0 or value.dtype in (torch.bool, np.bool_) or torch.as_tensor(value).is_complex():
+        if value.ndim != 0 or value.dtype in (torch.bool, np.bool_) or tensor_of(value).is_complex():
             raise ValueError(f"{name}: expected a real scalar (Python, numpy or 0-d tensor), "
                              f"got a {type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}")
         return float(value.item())
@@ -60,13 +62,48 @@ def check_batch_size(batch_size) -> int:
     return int(batch_size)
 
 
+def model_device(model):
+    """The device of the model's parameters (of its buffers when it has none; None when it
+    has neither, or is not a module); ValueError when they lie on several devices or on the
+    meta device."""
+    if not isinstance(model, torch.nn.Module):
+        return None  # the caller names what a model must be
+    devices = {t.device for t in model.parameters()} or {t.device for t in model.buffers()}
+    if len(devices) > 1:
+        raise ValueError(f"model: parameters on several devices ({', '.join(sorted(map(str, devices)))}); "
+                         f"move the model to one device")
+    device = next(iter(devices), None)
+    if device is not None and device.type == "meta":
+        raise ValueError("model: its parameters are meta tensors, which carry no values (load them onto a "
+                         "real device)")
+    return device
+
+
+def check_device(model, t, name="x"):
+    """``t`` on the model's device (``model_device``); ValueError naming ``name`` otherwise.
+    Certify computes where the model and its inputs are, as torch does, and moves neither."""
+    device = model_device(model)
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: on {t.device} but the model's parameters are on {device}; move both to one device")
+
+
+def check_graph_device(graph, t, name="lower"):
+    """``t`` on the device of the graph's constants (``Graph.device``); ValueError naming
+    ``name`` otherwise."""
+    device = graph.device
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: on {t.device} but the graph's constants are on {device}; move both to one device")
+
+
 def check_images(model, x, domain=None):
-    """float64 inputs (B, ...) with a batch axis first; a model that declares its input shape
-    (an ``image`` attribute, as certify.ViT) also takes one unbatched input. With ``domain``,
-    every value must lie in [lo, hi]."""
-    x = torch.as_tensor(x)
+    """float64 inputs (B, ...) with a batch axis first, on the model's device
+    (``check_device``); a model that declares its input shape (an ``image`` attribute, as
+    certify.ViT) also takes one unbatched input. With ``domain``, every value must lie in
+    [lo, hi]."""
+    x = tensor_of(x)
     if x.device.type == "meta":
         raise ValueError("x: a meta tensor carries no values (load the inputs onto a real device)")
+    check_device(model, x)
     if not torch.is_floating_point(x):
         hint = (" (token ids? bound the embeddings with certify.verify_text(model, input_ids, label, eps))"
                 if x.dtype in (torch.int32, torch.int64) else "")
@@ -100,7 +137,7 @@ def check_box(lower, upper, center=None):
     (center defaults to the midpoint)."""
     out = []
     for name, t in (("lower", lower), ("upper", upper)):
-        t = torch.as_tensor(t)
+        t = tensor_of(t)
         if not torch.is_floating_point(t):
             raise ValueError(f"{name}: expected a floating tensor, got dtype {t.dtype}")
         if t.dim() < 1 or t.shape[0] == 0:
@@ -109,13 +146,17 @@ def check_box(lower, upper, center=None):
             raise ValueError(f"{name}: contains NaN or inf")
         out.append(t.to(torch.float64))
     lo, hi = out
+    if hi.device != lo.device:
+        raise ValueError(f"upper: on {hi.device} but lower is on {lo.device}; move both to one device")
     if lo.shape != hi.shape:
         raise ValueError(f"upper: expected the shape of lower {tuple(lo.shape)}, got {tuple(hi.shape)}")
     if (lo > hi).any():
         raise ValueError(f"lower: exceeds upper at {int((lo > hi).sum())} entries (lower <= upper required)")
     if center is None:
         center = lo + (hi - lo) / 2
-    center = torch.as_tensor(center).to(torch.float64)
+    center = tensor_of(center, device=lo.device).to(torch.float64)
+    if center.device != lo.device:
+        raise ValueError(f"center: on {center.device} but lower is on {lo.device}; move both to one device")
     if center.shape != lo.shape or not torch.isfinite(center).all():
         raise ValueError(f"center: expected finite values of shape {tuple(lo.shape)}")
     if (center < lo).any() or (center > hi).any():
@@ -123,11 +164,12 @@ def check_box(lower, upper, center=None):
     return lo, hi, center
 
 
-def check_labels(label, batch, classes):
+def check_labels(label, batch, classes, device=None):
     """int64 labels (batch,): integers (integral floats accepted) in [0, classes); one label
-    is broadcast to the batch."""
+    is broadcast to the batch. ``device``: where the labels go (the inputs' device; labels
+    are integers, so the copy is exact)."""
     try:
-        t = torch.as_tensor(label)
+        t = tensor_of(label, device=device)
     except (TypeError, ValueError, RuntimeError):
         raise ValueError(f"label: expected integers, got {type(label).__name__}") from None
     if t.dtype == torch.bool or t.is_complex():
@@ -137,6 +179,8 @@ def check_labels(label, batch, classes):
         if bad.any():
             raise ValueError(f"label: expected integers, got non-integral values {t[bad].tolist()[:5]}")
     t = t.to(torch.int64).reshape(-1)
+    if device is not None:
+        t = t.to(device)
     if t.numel() == 1 and batch > 1:
         t = t.expand(batch)
     if t.shape[0] != batch:
@@ -163,7 +207,7 @@ def _ball_end(x, eps, sign):
     """The float64 nearest x + sign·eps on the inside: the smallest float >= x - eps (sign
     -1) or the largest <= x + eps (sign +1), exactly. s = fl(x ± eps) and its error e
     (x ± eps = s + e, Knuth's TwoSum, exact without overflow) say on which side s lies."""
-    b = sign * torch.as_tensor(eps, dtype=torch.float64)
+    b = sign * torch.as_tensor(eps, dtype=torch.float64, device=x.device)
     s = x + b
     bp = s - x
     e = (x - (s - bp)) + (b - bp)
@@ -178,7 +222,7 @@ def inner_box(x, eps, domain=DOMAIN, dtype=torch.float64):
     real arithmetic (x, eps, domain: the given floats, taken exactly), each end rounded
     inward to ``dtype`` (then returned as float64). Where no ``dtype`` value lies in range,
     lo > hi. Attacks move in this box; ``input_box`` (outward) is the one to bound."""
-    x = torch.as_tensor(x, dtype=torch.float64)
+    x = tensor_of(x, torch.float64)
     lo, hi = _ball_end(x, eps, -1), _ball_end(x, eps, 1)
     if domain is not None:
         lo, hi = torch.clamp(lo, min=float(domain[0])), torch.clamp(hi, max=float(domain[1]))
@@ -194,8 +238,8 @@ def inner_box(x, eps, domain=DOMAIN, dtype=torch.float64):
 def in_ball(point, x, eps, domain=DOMAIN) -> bool:
     """Does ``point`` (one input, any float dtype) lie in the ball as written,
     |point - x| <= eps and inside ``domain``, compared in exact rationals of the floats?"""
-    p = torch.as_tensor(point).double().reshape(-1).tolist()
-    c = torch.as_tensor(x).double().reshape(-1).tolist()
+    p = tensor_of(point).double().reshape(-1).tolist()
+    c = tensor_of(x).double().reshape(-1).tolist()
     if len(p) != len(c) or not all(math.isfinite(v) for v in p):
         return False
     r = Fraction(float(eps))
@@ -208,6 +252,7 @@ def in_ball(point, x, eps, domain=DOMAIN) -> bool:
 
 
 def margin_spec(label, classes, dtype=torch.float64):
-    """C (B, K, K) with row j = e_label - e_j (row label is zero)."""
-    eye = torch.eye(classes, dtype=dtype)
+    """C (B, K, K) with row j = e_label - e_j (row label is zero), on the labels' device."""
+    label = tensor_of(label)
+    eye = torch.eye(classes, dtype=dtype, device=label.device)
     return eye[label].unsqueeze(1) - eye.unsqueeze(0)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from softcert.certify.graph import Graph
-from softcert.certify.lowering import F64, Builder, const, is_const
+from softcert.certify.lowering import F64, Builder, const, is_const, lowering_device
 from softcert.certify.ops import conv2d_params
 
 aten = torch.ops.aten
@@ -180,7 +180,7 @@ def _constant_pad(b, name, x, pad, value=0.0):
         return moved
     if not math.isfinite(value):
         raise ValueError(f"unsupported operator aten.constant_pad_nd with the non-finite value {value!r} at {name!r}")
-    slots = aten.constant_pad_nd.default(torch.zeros(b.shape(x), dtype=F64), pad, 1.0)
+    slots = aten.constant_pad_nd.default(torch.zeros(b.shape(x), dtype=F64, device=b.device), pad, 1.0)
     return b.add(moved, slots * const(float(value)), name)
 
 
@@ -201,7 +201,7 @@ def _index(b, name, x, indices):
 def _like(fn):
     """zeros_like, new_ones, full_like...: a constant that reads only the shape of x."""
     def lower(b, name, x, *args, **kwargs):
-        return fn(torch.zeros(b.shape(v(x)), dtype=F64), *args, **kwargs)
+        return fn(torch.zeros(b.shape(v(x)), dtype=F64, device=b.device), *args, **kwargs)
     return lower
 
 
@@ -455,7 +455,13 @@ def _two_runs(wrapped, x):
 def trace(model: nn.Module, example: torch.Tensor) -> Graph:
     """The verifier's graph of ``model`` (wrapped in ``Logits`` when needed) traced at
     ``example`` (one input, batch axis first; traced at batch 1). Node 0 is the input, of shape
-    (1, *example.shape[1:]); the last node is the logits."""
+    (1, *example.shape[1:]); the last node is the logits. The graph's constants are on the
+    example's device (the model's weights on the model's, the same one for ``certify.verify``)."""
+    with lowering_device(getattr(example, "device", "cpu")):
+        return _trace(model, example)
+
+
+def _trace(model, example):
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     example = example[:1]

@@ -16,7 +16,9 @@
   run by onnxruntime in its own dtype, gives y satisfying the property as written: exact
   rationals of x against the box (``Region.contains``) and of y against the rows, strict
   rows strict (``Region.satisfied_exactly``). The counterexample carries that x and y.
-- "timeout" when the time budget runs out first, "unknown" otherwise.
+- "timeout" when the time budget runs out first, "unknown" otherwise. (The VNN-COMP result
+  file writes these words; the VNN-LIB 2.0 solver interface prints "timed-out" for "timeout"
+  and its own assignment format: ``certify.solver_interface``.)
 Method "bab" decides each region with the branch-and-bound engine of ``certify.verify(...,
 method="bab")`` (``certify.bab.branch_and_bound``: splits on nonlinear neurons instead of
 input bisection, Vertex-Softmax leaves, the same attack from the leaves' worst points):
@@ -381,8 +383,9 @@ def _solve_bab(rt, regions, deadline, gen, verdict):
 
 
 def result_text(verdict: Verdict) -> str:
-    """The VNN-COMP result file's text: the word, then for "sat" the assignment
-    ``((X_0 v) ... (Y_0 v) ...)`` with repr-exact floats."""
+    """The VNN-COMP result file's text (the VNN-COMP 1.0 form, which VNN-COMP's scripts
+    read): the word, then for "sat" the assignment ``((X_0 v) ... (Y_0 v) ...)`` with flat
+    indices and repr-exact floats. The VNN-LIB 2.0 form: ``certify.solver_interface``."""
     if verdict.result not in RESULTS:
         raise ValueError(f"verdict: result {verdict.result!r} is not one of {RESULTS}")
     if verdict.result != "sat":

@@ -21,7 +21,7 @@ from softcert.certify.spec import DOMAIN, input_box
 def looseness(model, x, eps, samples, seed=0):
     g = graph_of(model, x)
     lo, hi = input_box(x, eps, DOMAIN)
-    st = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), anchor=x.unsqueeze(1))
+    st = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), centre=x.unsqueeze(1))
     gen = torch.Generator().manual_seed(seed)
     corner = torch.randint(0, 2, (samples, *lo.shape[1:]), generator=gen).to(torch.float64)
     with torch.no_grad():

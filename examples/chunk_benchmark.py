@@ -1,4 +1,4 @@
-"""CPU time of CROWN intermediate bounds against ``certify.crown.CHUNK_ELEMENTS``, same run.
+"""CPU time of CROWN intermediate bounds against ``PropagationOptions.chunk_elements``, same run.
 
     python examples/chunk_benchmark.py --models mnist-vit1 mnist-vit2 --images 4
 
@@ -13,7 +13,8 @@ import time
 import torch
 
 from softcert import certify
-from softcert.certify import crown, zoo
+from softcert.certify import zoo
+from softcert.certify.options import BoundOptions, PropagationOptions
 
 
 def main():
@@ -24,21 +25,19 @@ def main():
     p.add_argument("--eps", type=float, default=0.005)
     a = p.parse_args()
     torch.set_num_threads(1)
-    old = crown.CHUNK_ELEMENTS
     for name in a.models:
         m, X, y = zoo.load(name)
         x, lab = X[: a.images], y[: a.images]
         certify.verify(m, x[:1], lab[:1], a.eps, method="ibp")  # trace once, outside the timing
         ref = None
         for k in a.log2_chunks:
-            crown.CHUNK_ELEMENTS = 2**k
+            options = BoundOptions(batch_size=a.images, propagation=PropagationOptions(chunk_elements=2**k))
             c0 = time.process_time()
-            r = certify.verify(m, x, lab, a.eps, method="crown", batch_size=a.images)
+            r = certify.verify(m, x, lab, a.eps, method="crown", options=options)
             cpu = (time.process_time() - c0) / a.images
             ref = r.lower_margin if ref is None else ref
             diff = float((r.lower_margin - ref).abs().max())
             print(f"{name} 2**{k}: {cpu:.2f} s CPU per image, max |margin change| {diff:.2e}", flush=True)
-    crown.CHUNK_ELEMENTS = old
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 from softcert import certify
 from softcert.certify import crown, zoo
 from softcert.certify.attack import pgd
+from softcert.certify.options import AttackOptions
 from softcert.certify.spec import input_box, margin_spec
 
 
@@ -65,7 +66,7 @@ def _case(model, x, label, eps):
     keep = [j for j in range(out[-1]) if j != int(label)]
     C = margin_spec(label, out[-1]).reshape(1, out[-1], *out)[:, keep]
     with torch.no_grad():
-        st = crown.propagate(g, xl, xu, anchor=x.unsqueeze(1))
+        st = crown.propagate(g, xl, xu, centre=x.unsqueeze(1))
     root = crown.alpha_crown(st, C)
     worst = int(root.argmin())
     Cw = C[:, worst:worst + 1]
@@ -87,7 +88,7 @@ def _case(model, x, label, eps):
         pw = sum(float((ranges[i][1] - ranges[i][0]).mean()) for i in nodes)
         return cw / pw
 
-    _, m = pgd(model, x, label, eps, 40, 4, seed=0)
+    _, m = pgd(model, x, label, eps, AttackOptions(steps=40, restarts=4, seed=0))
     attack = float(m[0, keep[worst]])
     return keep[worst], attack, float(root[0, worst]), [
         (bound(relu), ratio(relu)), (bound(attention), ratio(attention)), (bound(inputs), ratio(inputs))]

@@ -10,9 +10,9 @@ tighter; > 0 is certified) and the process CPU seconds (one torch thread, tracin
 - alpha, per product: alpha-CROWN with one alpha per product X_ik Y_kj (``certify.ops.bilinear``)
   (both alpha columns time the optimisation alone, on crown's intermediate bounds);
 - f = ...: alpha, per product, on intermediate bounds re-bounded by alpha-CROWN
-  (``crown.propagate(..., intermediate="alpha", optimise=...)``) for the fraction f of each split
-  node's elements that ``crown.most_sensitive`` picks (f = 1: every undecided element). The
-  times of these columns include their own "full" pass.
+  (``crown.propagate(..., options=PropagationOptions(intermediate="alpha"), optimise=...)``) for the
+  fraction f of each split node's elements that ``crown.most_sensitive`` picks (f = 1: every
+  undecided element). The times of these columns include their own "full" pass.
 All are sound bounds of the same margin; the columns differ only in tightness and cost.
 """
 import argparse
@@ -22,6 +22,7 @@ import torch
 
 from softcert import certify
 from softcert.certify import crown, zoo
+from softcert.certify.options import PropagationOptions
 from softcert.certify.spec import input_box, margin_spec
 
 
@@ -46,7 +47,7 @@ def _case(model, x, label, eps, fractions):
     def crown_bound():
         nonlocal state
         with torch.no_grad():
-            state = crown.propagate(g, xl, xu, anchor=x0)
+            state = crown.propagate(g, xl, xu, centre=x0)
         return crown.backward(state, g.output, C)
     timed(crown_bound)
     timed(lambda: crown.alpha_crown(state, C, per_product=False))
@@ -55,9 +56,10 @@ def _case(model, x, label, eps, fractions):
     for f in fractions:
         def tightened(f=f):
             with torch.no_grad():
-                st = crown.propagate(g, xl, xu, anchor=x0)
+                st = crown.propagate(g, xl, xu, centre=x0)
                 chosen = None if f >= 1 else crown.most_sensitive(st, g.output, C, split, f)
-                st = crown.propagate(g, xl, xu, anchor=x0, intermediate="alpha", optimise=chosen)
+                st = crown.propagate(g, xl, xu, centre=x0, options=PropagationOptions(intermediate="alpha"),
+                                     optimise=chosen)
             return crown.alpha_crown(st, C)
         timed(tightened)
     return cells

@@ -34,7 +34,8 @@ def run(models, methods, images, repeats, eps):
                 for mode in ("plain", "sound"):
                     t0 = time.process_time()
                     with ops.arithmetic(mode):
-                        r = certify.verify(m, x, lab, eps, method=meth, batch_size=images)
+                        r = certify.verify(m, x, lab, eps, method=meth,
+                                           options=certify.BoundOptions(batch_size=images))
                     best[mode] = min(best.get(mode, float("inf")), time.process_time() - t0)
                     wall[mode] = min(wall.get(mode, float("inf")), r.seconds)
                     res[mode] = r.lower_margin

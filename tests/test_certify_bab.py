@@ -529,3 +529,22 @@ def test_relu_split_gain_is_the_intercept_it_removes():
     plain = (-gu).clamp(min=0) * (u - p) + gl.clamp(min=0) * (p - l)
     assert torch.equal(ops.get("sigmoid").split.gain(l, u, p, gl, gu), plain)
     assert (plain < exact).all()  # the first-order estimate alone ranks ReLU splits too low
+
+
+def test_leaf_bounds_hold_the_split_point_exactly():
+    """A split point that float32 cannot hold tightens the leaf to exactly that float64 value:
+    rounded, a sliver of the parent between the two children's bounds would be in no leaf."""
+    x = X[:1]
+    lo, hi = input_box(x, EPS, None)
+    keep = [j for j in range(3) if j != int(Y[0])]
+    C = margin_spec(Y[:1], 3).reshape(3, 1, 3)[keep]
+    eng = LeafBounder(graph_of(MODEL, x), (lo.unsqueeze(1), hi.unsqueeze(1)), Rows(C, torch.zeros(2), torch.arange(2)),
+                      x.unsqueeze(1), BabOptions(intermediate="full"))
+    node = next(iter(eng.feeds))
+    l, u = (t.flatten() for t in eng.root.bounds[node])
+    k = int(torch.nonzero(u > l)[0])
+    p = float(l[k] + (u[k] - l[k]) / 3)
+    assert float(torch.tensor(p, dtype=torch.float32)) != p
+    st, _, _ = eng._state([{(node, k): (float(l[k]), p)}, {(node, k): (p, float(u[k]))}])
+    sl, su = (t.detach().reshape(2, -1) for t in st.bounds[node])
+    assert float(su[0, k]) == p and float(sl[1, k]) == p

@@ -176,9 +176,9 @@ def test_crown_through_conv_and_activations(act):
     out = g.add("tanh" if act == "sigmoid" else "sigmoid", [c2], p2["out_shape"], "a2")
     x0 = torch.rand(2, 1, 1, 6, 6, dtype=torch.float64)
     xl, xu = x0 - 0.1, x0 + 0.1
-    state = crown.propagate(g, xl, xu, crown=True)
+    state = crown.propagate(g, xl, xu, algorithm="crown")
     l, u = state.bounds[out]
-    li, ui = crown.propagate(g, xl, xu, crown=False).bounds[out]
+    li, ui = crown.propagate(g, xl, xu, algorithm="ibp").bounds[out]
     assert (u - l).mean() < (ui - li).mean()
     # a specification through the whole graph: CROWN, then alpha-CROWN over the new slopes
     C = torch.randn(2, 3, *g.nodes[out].shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)

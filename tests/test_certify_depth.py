@@ -1,9 +1,10 @@
-"""Intermediate bounds for deep models (certify.crown.propagate ``intermediate=``), the
+"""Intermediate bounds for deep models (``PropagationOptions.intermediate`` of certify.crown.propagate), the
 peak-memory probe of certify.evaluation, and the ``softcert depth`` benchmark's plumbing.
 
 Oracles: the previous dense algorithm (``intermediate="dense"``: the new bounds must be
 within 1e-9 relative of it or tighter), sampling (every node's value at random points of
 the box lies in its bounds) and per-element comparison of selected CROWN rows."""
+import dataclasses
 import json
 import sys
 
@@ -16,6 +17,7 @@ from softcert import certify
 from softcert.certify import crown, ops, zoo
 from softcert.certify.evaluation import PeakMemory
 from softcert.certify.models import ViT
+from softcert.certify.options import AttackOptions, PropagationOptions
 from softcert.certify.spec import input_box, margin_spec
 from softcert.cli.commands import depth as depth_cmd
 
@@ -32,7 +34,7 @@ def _setup(model, x, y, eps=EPS):
 
 
 def _run(g, xl, xu, x0, C, mode):
-    state = crown.propagate(g, xl, xu, anchor=x0, intermediate=mode)
+    state = crown.propagate(g, xl, xu, centre=x0, options=PropagationOptions(intermediate=mode))
     return state, crown.backward(state, g.output, C)
 
 
@@ -108,11 +110,18 @@ def _tiny():
     x = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     g = certify.graph_of(m, x[:1])
     lo, hi = input_box(x, 0.05)
-    return crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), intermediate="dense")
+    return crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), options=PropagationOptions(intermediate="dense"))
 
 
 TINY = _tiny()
 TARGETS = sorted(crown._needs_bounds(TINY.g))
+
+
+def _with_chunk(state, chunk):
+    """``state``'s bounds and shifts under options with ``chunk_elements=chunk``."""
+    out = crown.BoundState(state.g, *state.bounds[0], dataclasses.replace(state.options, chunk_elements=chunk))
+    out.bounds, out.consts = dict(state.bounds), state.consts
+    return out
 
 
 @settings(max_examples=25, deadline=None)
@@ -120,15 +129,11 @@ TARGETS = sorted(crown._needs_bounds(TINY.g))
 def test_selected_rows_match_all_rows(target, seed, density, chunk):
     """Any selection (per image, padded to the longest) and any chunk size: selected elements
     get the bounds of the all-rows pass, unselected ones (-inf, inf)."""
-    old = crown.CHUNK_ELEMENTS
-    try:
-        crown.CHUNK_ELEMENTS = chunk
-        shape = (TINY.batch, *TINY.g.nodes[target].shape)
-        sel = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < density
-        l, u = crown.crown_node(TINY, target, sel)
-        la, ua = crown.crown_node(TINY, target)
-    finally:
-        crown.CHUNK_ELEMENTS = old
+    state = _with_chunk(TINY, chunk)
+    shape = (TINY.batch, *TINY.g.nodes[target].shape)
+    sel = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < density
+    l, u = crown.crown_node(state, target, sel)
+    la, ua = crown.crown_node(state, target)
     ld, ud = crown._crown_dense(TINY, target)
     assert torch.allclose(la, ld, rtol=REL, atol=REL) and torch.allclose(ua, ud, rtol=REL, atol=REL)
     assert torch.allclose(l[sel], la[sel], rtol=REL, atol=REL) and torch.allclose(u[sel], ua[sel], rtol=REL, atol=REL)
@@ -149,8 +154,8 @@ def test_decided_only_for_exact_planes():
 def test_intermediate_mode_is_checked():
     g = TINY.g
     xl, xu = TINY.bounds[0]
-    with pytest.raises(ValueError, match="intermediate"):
-        crown.propagate(g, xl, xu, intermediate="fast")
+    with pytest.raises(ValueError, match="PropagationOptions.intermediate: expected one of"):
+        crown.propagate(g, xl, xu, options=PropagationOptions(intermediate="fast"))
 
 
 # ----------------------------------------------------------------------------- optimised intermediate bounds
@@ -160,7 +165,8 @@ def alpha_runs():
     xl, xu = TINY.bounds[0]
     x0 = (xl + xu) / 2
     with torch.no_grad():  # as branch and bound calls it: the optimisation turns gradients on itself
-        return {mode: crown.propagate(g, xl, xu, anchor=x0, intermediate=mode) for mode in ("full", "alpha")}
+        return {mode: crown.propagate(g, xl, xu, centre=x0, options=PropagationOptions(intermediate=mode))
+                for mode in ("full", "alpha")}
 
 
 def test_alpha_intermediate_encloses_corners_and_samples(alpha_runs):
@@ -200,9 +206,10 @@ def test_most_sensitive_picks_a_fraction_and_leaves_the_state_alone():
                     dtype=torch.float64)
     nodes = [i for i in TARGETS if any(g.nodes[c].operator.kind == "elementwise" for c in crown._consumers(g)[i])]
     before = {i: tuple(t.clone() for t in TINY.bounds[i]) for i in nodes}
-    planes = TINY.planes
+    planes = dict(TINY.planes)
     chosen = crown.most_sensitive(TINY, g.output, C, nodes, 0.25)
-    assert TINY.planes is planes
+    # the cached planes are restored: the same entries (most_sensitive restores a copy of the cache)
+    assert TINY.planes.keys() == planes.keys() and all(TINY.planes[k] is v for k, v in planes.items())
     for i in nodes:
         assert all(torch.equal(a, b) for a, b in zip(TINY.bounds[i], before[i])) and not TINY.bounds[i][0].requires_grad
         m = chosen[i].reshape(TINY.batch, -1)
@@ -219,7 +226,8 @@ def test_optimise_mask_limits_what_alpha_changes(alpha_runs):
     mask = {i: torch.rand(TINY.batch, *g.nodes[i].shape, generator=torch.Generator().manual_seed(i)) < 0.3
             for i in need}
     with torch.no_grad():
-        part = crown.propagate(g, xl, xu, anchor=(xl + xu) / 2, intermediate="alpha", optimise=mask)
+        part = crown.propagate(g, xl, xu, centre=(xl + xu) / 2, options=PropagationOptions(intermediate="alpha"),
+                               optimise=mask)
     for i in range(1, len(g.nodes)):
         (lf, uf), (lp, up) = full.bounds[i], part.bounds[i]
         if torch.equal(lf, lp) and torch.equal(uf, up):
@@ -238,7 +246,8 @@ def test_a_passed_deadline_keeps_the_full_bounds(alpha_runs):
     l, u = crown.crown_node(TINY, TARGETS[-1], optimise=5, deadline=0.0)
     assert (l == -torch.inf).all() and (u == torch.inf).all()
     with torch.no_grad():
-        late = crown.propagate(g, xl, xu, anchor=(xl + xu) / 2, intermediate="alpha", deadline=0.0)
+        late = crown.propagate(g, xl, xu, centre=(xl + xu) / 2, options=PropagationOptions(intermediate="alpha"),
+                               deadline=0.0)
     for i in range(len(g.nodes)):
         assert all(torch.equal(a, b) for a, b in zip(full.bounds[i], late.bounds[i])), i
 
@@ -275,7 +284,7 @@ def test_records_and_certify_rows_carry_peak_memory():
     from softcert.cli.commands import certify as certify_cmd
 
     model, X, Y = zoo.load("digits-vit1")
-    ev = certify.evaluate(model, X[:2], Y[:2], [0.01], ["ibp"], attack_steps=1, restarts=1)
+    ev = certify.evaluate(model, X[:2], Y[:2], [0.01], ["ibp"], attack=AttackOptions(steps=1, restarts=1))
     assert all(r.peak_mb is None or r.peak_mb >= 0 for r in ev.records)
     row = certify_cmd._row("digits-vit1", ev, 0.01, "ibp", 0.9)
     assert "peak_mb" in row

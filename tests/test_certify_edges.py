@@ -9,6 +9,7 @@ from torch import nn
 
 from softcert import certify
 from softcert.certify.models import ViT
+from softcert.certify.options import AttackOptions
 from softcert.certify.spec import input_box
 
 
@@ -29,7 +30,7 @@ M, X, Y = _model()
 def test_eps_accepts_real_scalars(eps):
     r = certify.verify(M, X, Y, eps, method="ibp")
     assert isinstance(r.eps, float) and r.eps == float(eps)
-    a = certify.attack(M, X, Y, eps, steps=2, restarts=1)
+    a = certify.attack(M, X, Y, eps, options=AttackOptions(steps=2, restarts=1))
     assert a.eps == float(eps)
 
 
@@ -50,8 +51,8 @@ def test_eps_value_errors_say_what_is_wrong(eps):
                                    torch.tensor([True, False]), ["a", "b"]])
 def test_non_integral_labels_rejected(label):
     for call in (lambda: certify.verify(M, X, label, 0.01, method="ibp"),
-                 lambda: certify.attack(M, X, label, 0.01, steps=2),
-                 lambda: certify.evaluate(M, X, label, [0.01], ["ibp"], attack_steps=2, restarts=1)):
+                 lambda: certify.attack(M, X, label, 0.01, options=AttackOptions(steps=2)),
+                 lambda: certify.evaluate(M, X, label, [0.01], ["ibp"], attack=AttackOptions(steps=2, restarts=1))):
         with pytest.raises(ValueError, match="label"):
             call()
 
@@ -65,15 +66,15 @@ def test_integral_labels_of_any_dtype_agree():
 
 @pytest.mark.parametrize("bs", [0, -1, 1.5, True, "2"])
 def test_batch_size_validated(bs):
-    with pytest.raises(ValueError, match="batch_size"):
-        certify.verify(M, X, Y, 0.01, method="ibp", batch_size=bs)
+    with pytest.raises(ValueError, match="BoundOptions.batch_size: expected a positive int"):
+        certify.verify(M, X, Y, 0.01, method="ibp", options=certify.BoundOptions(batch_size=bs))
 
 
 def test_images_outside_the_domain_named():
     big = X * 255
     for call in (lambda: certify.verify(M, big, Y, 0.01, method="ibp"),
-                 lambda: certify.attack(M, big, Y, 0.01, steps=2),
-                 lambda: certify.evaluate(M, big, Y, [0.01], ["ibp"], attack_steps=2, restarts=1)):
+                 lambda: certify.attack(M, big, Y, 0.01, options=AttackOptions(steps=2)),
+                 lambda: certify.evaluate(M, big, Y, [0.01], ["ibp"], attack=AttackOptions(steps=2, restarts=1))):
         with pytest.raises(ValueError, match=r"x: values must lie in the input domain \[0.0, 1.0\]"):
             call()
     # a declared domain is accepted and the ball is clipped to it
@@ -90,7 +91,7 @@ def test_domain_clips_the_ball_for_attack_and_verify():
     x = torch.full((1, 1, 8, 8), 0.5)
     with torch.no_grad():
         y = M(x).argmax(1)
-    a = certify.attack(M, x, y, 0.2, steps=3, restarts=2, domain=(0.0, 0.5))
+    a = certify.attack(M, x, y, 0.2, options=AttackOptions(steps=3, restarts=2), domain=(0.0, 0.5))
     assert a.x_adv.max() <= 0.5 and a.x_adv.min() >= 0.3 - 1e-12
 
 
@@ -163,7 +164,7 @@ def test_outputs_without_a_batch_axis_are_refused_by_every_method(head, method):
     every method now asks for logits with a batch axis first."""
     m = _Reduced(head).double().eval()
     x = torch.rand(1, 3, dtype=torch.float64)
-    kw = {"timeout": 5} if method == "bab" else {}
+    kw = {"options": certify.BabOptions(timeout=5)} if method == "bab" else {}
     with pytest.raises(ValueError, match="expected logits with a batch axis first"):
         certify.verify(m, x, [0], 0.01, method=method, **kw)
 
@@ -199,7 +200,7 @@ def test_verify_reports_progress_per_sample(method):
     m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double().eval()
     x = torch.rand(5, 3, dtype=torch.float64)
     calls = []
-    kw = {"timeout": 2} if method == "bab" else {"batch_size": 2}
+    kw = {"options": certify.BabOptions(timeout=2) if method == "bab" else certify.BoundOptions(batch_size=2)}
     certify.verify(m, x, [0] * 5, 0.01, method=method, progress=calls.append, **kw)
     assert sum(calls) == 5 and len(calls) == (5 if method == "bab" else 3)
     with pytest.raises(ValueError, match="progress: expected a callable"):

@@ -14,7 +14,7 @@ def test_values_with_a_box_shift_match_each_sample_alone():
     x = X[:1]
     g = graph_of(MODEL, x)
     lo, hi = input_box(x, EPS, None)
-    st = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), anchor=x.unsqueeze(1))
+    st = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), centre=x.unsqueeze(1))
     assert st.consts, "the tiny model has a softmax: its shift index is a const"
     pts = lo + (hi - lo) * torch.rand(20, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     together = g.values(pts, st.consts)

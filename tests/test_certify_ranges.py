@@ -108,7 +108,8 @@ def _enclosure_violations(m, x, eps, crown_on, n=200):
     m64 = copy.deepcopy(m).double()
     g = certify.trace(m64, x.double())
     lo, hi = input_box(x.double(), eps)
-    state = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), crown=crown_on, anchor=x.double().unsqueeze(1))
+    state = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), algorithm="crown" if crown_on else "ibp",
+                            centre=x.double().unsqueeze(1))
     t = torch.rand(n, *x.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     pts = (lo + (hi - lo) * t).reshape(-1, *x.shape[1:])
     vals = [pts.unsqueeze(1)]

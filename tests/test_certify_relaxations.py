@@ -23,6 +23,7 @@ from softcert.certify import crown, ops, zoo
 from softcert.certify.attack import pgd
 from softcert.certify.graph_cache import graph_of
 from softcert.certify.ops.bilinear import mul_planes
+from softcert.certify.options import AttackOptions
 from softcert.certify.spec import input_box, margin_spec
 
 mpmath.mp.dps = 50
@@ -339,7 +340,7 @@ def _setup(name, n, eps):
     x, y = xte[:n].to(F64), yte[:n]
     g = graph_of(model, x)
     lo, hi = input_box(x, eps)
-    state = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), anchor=x.unsqueeze(1))
+    state = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), centre=x.unsqueeze(1))
     classes = 10
     C = margin_spec(y, classes).reshape(n, classes, *g.nodes[g.output].shape)
     return model, x, y, g, state, C, (lo, hi)
@@ -356,7 +357,7 @@ def test_alpha_crown_on_zoo_is_tighter_and_sound(name, n, eps):
     assert (opt >= base).all() and (relu >= base).all()
     assert opt[other].sum() > base[other].sum()  # the new families do move the bound
     model64 = model.double().eval()
-    _, worst = pgd(model64, x, y, eps, steps=20, restarts=1)
+    _, worst = pgd(model64, x, y, eps, AttackOptions(steps=20, restarts=1))
     assert (opt[other] <= worst[other]).all()
     # sampled points of the box: no margin below the bound
     gen = torch.Generator().manual_seed(0)
@@ -375,10 +376,10 @@ def test_random_alphas_in_range_stay_sound_on_a_zoo_model():
     gen = torch.Generator().manual_seed(1)
     alphas = {}
     for i in range(len(g.nodes)):
-        start = crown.alpha_start(state, i, C.shape[1])
-        if start is not None:
-            a, (rlo, rhi) = start
-            alphas[i] = rlo + (rhi - rlo) * torch.rand(a.shape, generator=gen, dtype=F64)
+        params = crown.initial_params(state, i, C.shape[1])
+        if params is not None:
+            rlo, rhi = params.low, params.high
+            alphas[i] = rlo + (rhi - rlo) * torch.rand(params.start.shape, generator=gen, dtype=F64)
     kinds = {g.nodes[i].op for i in alphas}
     assert {"exp", "neg_log", "sigmoid", "matmul"} <= kinds
     with torch.no_grad():

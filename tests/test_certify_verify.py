@@ -8,6 +8,7 @@ import torch
 from softcert import certify
 from softcert.certify import crown, ops
 from softcert.certify.models import ViT
+from softcert.certify.options import AttackOptions
 from softcert.certify.spec import input_box
 
 EPS = 0.03
@@ -80,7 +81,7 @@ def test_pgd_never_falsifies_a_certificate(name, results):
     for (n, meth), r in results.items():
         if n != name:
             continue
-        att = certify.attack(m, x, y, EPS, certified=r.certified, steps=20)
+        att = certify.attack(m, x, y, EPS, certified=r.certified, options=AttackOptions(steps=20))
         assert (att.min_margin >= r.worst_margin - 1e-7).all(), meth
         for s, c in zip(att.status, r.certified.tolist()):
             assert (s == "unsat") == c
@@ -107,7 +108,7 @@ def test_every_intermediate_bound_encloses_samples(name, vertex):
     m64 = copy.deepcopy(m).double()
     g = certify.trace(m64, x.double())
     lo, hi = input_box(x.double(), EPS)
-    state = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), vertex=vertex)
+    state = crown.propagate(g, lo.unsqueeze(1), hi.unsqueeze(1), algorithm="vertex" if vertex else "crown")
     gen = torch.Generator().manual_seed(5)
     for _ in range(5):
         t = torch.rand(400, *x.shape, generator=gen, dtype=torch.float64)

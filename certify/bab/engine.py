@@ -19,7 +19,7 @@ import torch
 from softcert.certify import crown
 from softcert.certify.bab.branching import RULES, Candidate
 from softcert.certify.bab.leaves import RelaxationParams
-from softcert.certify.ops import Params
+from softcert.certify.ops import Params, tensor_of
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,10 @@ class Bounded:
         """max over leaf b's rows of lower bound - rhs (> 0: proved)."""
         return float((self.lower[b] - self.rhs[b]).max())
 
+    def values(self):
+        """``value(b)`` of every leaf, read from the device at once."""
+        return (self.lower - self.rhs).max(1).values.tolist()
+
 
 def splittable(graph):
     """Input node id -> the operator it feeds that has a split rule (the neurons we split;
@@ -75,8 +79,10 @@ class LeafBounder:
         self.slopes = {i: graph.nodes[i].inputs[0] for i in self.optimised if graph.nodes[i].operator.arity == 1}
         self.pvs = {a.pv for a in graph.attention if a.pv is not None} if options.vertex else set()
         self.rule = RULES[options.branching]()
-        self.C, self.rhs = rows.C, torch.as_tensor(rows.rhs, dtype=torch.float64)
-        groups = torch.as_tensor(rows.groups, dtype=torch.int64)
+        self.device = box[0].device
+        self.C = rows.C.to(self.device)
+        self.rhs = tensor_of(rows.rhs, torch.float64, self.device).to(self.device)
+        groups = tensor_of(rows.groups, torch.int64, self.device).to(self.device)
         self.rows = [torch.nonzero(groups == k).flatten() for k in range(int(groups.max()) + 1)]
         self.width = max(len(r) for r in self.rows)
         self.bounded = 0
@@ -113,11 +119,15 @@ class LeafBounder:
         for b, cs in enumerate(cons):
             for (node, idx), (lo, hi) in cs.items():
                 tight.setdefault(node, []).append((b, idx, lo, hi))
-        infeasible = torch.zeros(B, dtype=torch.bool)
+        infeasible = torch.zeros(B, dtype=torch.bool, device=self.device)
         with torch.no_grad():
             for i, items in tight.items():
                 l, u = (t.clone() for t in st.bounds[i])
-                bs, ix, los, his = (torch.tensor(v) for v in zip(*items))
+                bs, ix, los, his = zip(*items)
+                bs, ix = (torch.tensor(v, dtype=torch.int64, device=self.device) for v in (bs, ix))
+                # float64: the split point exactly as the children's constraints hold it (the
+                # default float32 would round it, and a sliver of the parent would lie in no child)
+                los, his = (torch.tensor(v, dtype=torch.float64, device=self.device) for v in (los, his))
                 lf, uf = l.view(B, -1), u.view(B, -1)
                 lf[bs, ix] = torch.maximum(lf[bs, ix], los.to(l.dtype))
                 uf[bs, ix] = torch.minimum(uf[bs, ix], his.to(u.dtype))
@@ -147,22 +157,28 @@ class LeafBounder:
 
     def _constraint_bounds(self, cons, B):
         """node -> (lo, hi) (B, *shape), ±inf where a leaf has no constraint on the neuron."""
-        out = {}
+        items = {}
         for b, cs in enumerate(cons):
             for (node, idx), (lo, hi) in cs.items():
-                if node not in out:
-                    shape = self.g.nodes[node].shape
-                    out[node] = (torch.full((B, *shape), -torch.inf, dtype=torch.float64),
-                                 torch.full((B, *shape), torch.inf, dtype=torch.float64))
-                out[node][0].view(B, -1)[b, idx] = lo
-                out[node][1].view(B, -1)[b, idx] = hi
+                items.setdefault(node, []).append((b, idx, lo, hi))
+        out = {}
+        for node, its in items.items():
+            shape = self.g.nodes[node].shape
+            lo = torch.full((B, *shape), -torch.inf, dtype=torch.float64, device=self.device)
+            hi = torch.full((B, *shape), torch.inf, dtype=torch.float64, device=self.device)
+            # one copy of the constraints to the device per node ((leaf, neuron) pairs are distinct)
+            bs, ix = (torch.tensor(v, device=self.device) for v in list(zip(*its))[:2])
+            los, his = (torch.tensor(v, dtype=torch.float64, device=self.device) for v in list(zip(*its))[2:])
+            lo.view(B, -1)[bs, ix] = los
+            hi.view(B, -1)[bs, ix] = his
+            out[node] = (lo, hi)
         return out
 
     def _spec(self, groups):
         """C (B, W, *output shape) and rhs (B, W) of the groups' rows, padded (rhs inf)."""
         B, W = len(groups), self.width
         C = self.C.new_zeros(B, W, *self.C.shape[1:])
-        rhs = torch.full((B, W), torch.inf, dtype=torch.float64)
+        rhs = torch.full((B, W), torch.inf, dtype=torch.float64, device=self.device)
         for b, k in enumerate(groups):
             r = self.rows[k]
             C[b, : len(r)] = self.C[r]
@@ -186,7 +202,7 @@ class LeafBounder:
             pair = start.betas.get(i) if start is not None else None
             for side, a in zip(("beta_lo", "beta_hi"), pair or (None, None)):
                 if a is None:
-                    a = torch.zeros(B, W, *self.g.nodes[i].shape, dtype=torch.float64)
+                    a = torch.zeros(B, W, *self.g.nodes[i].shape, dtype=torch.float64, device=self.device)
                 out[(side, i)] = Params(a, 0.0, math.inf)  # any multiplier >= 0 is sound
         return out
 
@@ -205,7 +221,7 @@ class LeafBounder:
         st, tracked, infeasible = self._state(cons)
         cbounds = self._constraint_bounds(cons, B) if self.options.beta else {}
         params = self._start(start, cbounds, B)
-        best = torch.full((B, W), -torch.inf, dtype=torch.float64)
+        best = torch.full((B, W), -torch.inf, dtype=torch.float64, device=self.device)
         values = {k: p.start.detach().clone() for k, p in params.items()}
         if params and self.options.alpha_steps:
             detached = st.detached()

@@ -38,7 +38,7 @@ def _attack_from(model64, starts, label, box, eps, options):
     x = torch.minimum(torch.maximum(starts, lo), hi)
     lab = label.expand(len(x))
     step = eps * options.step
-    other = torch.ones(1, margins(model64, lo, label).shape[1], dtype=torch.bool)
+    other = torch.ones(1, margins(model64, lo, label).shape[1], dtype=torch.bool, device=lo.device)
     other[0, label] = False
     for _ in range(options.leaf_steps):
         x = x.detach().requires_grad_(True)
@@ -102,7 +102,7 @@ def search_margins(method, problem, options, progress=None) -> CertResult:
         t0 = time.monotonic()
         deadline = t0 + (float(options.timeout) if options.timeout is not None else float("inf"))
         lab = problem.label[b:b + 1]
-        lm = torch.zeros(classes, dtype=torch.float64)
+        lm = torch.zeros(classes, dtype=torch.float64, device=x.device)
         if classes == 1:
             # no other class: the margin specification is empty, so it holds (as crown answers)
             verdicts.append(SampleVerdict("certified"))
@@ -111,15 +111,15 @@ def search_margins(method, problem, options, progress=None) -> CertResult:
                 progress(1)
             continue
         keep = [j for j in range(classes) if j != int(lab)]
-        rows = Rows(margin_spec(lab, classes).reshape(classes, *out)[keep], torch.zeros(len(keep)),
-                    torch.arange(len(keep)))
+        rows = Rows(margin_spec(lab, classes).reshape(classes, *out)[keep], torch.zeros(len(keep), device=x.device),
+                    torch.arange(len(keep), device=x.device))
         sample = _Sample(model64, own, x[b:b + 1], lab, (plo[b:b + 1], phi[b:b + 1]), eps, domain, deadline)
         seeded = dataclasses.replace(attack, seed=attack.seed + b)
         res = branch_and_bound(graph, problem.lower[b:b + 1].unsqueeze(1), problem.upper[b:b + 1].unsqueeze(1), rows,
                                deadline=deadline, options=options,
                                falsify=lambda starts, s=sample, o=seeded: s.falsify(starts, o),
                                centre=x[b:b + 1].unsqueeze(1))
-        lm[keep] = torch.tensor(res.lower, dtype=torch.float64)
+        lm[keep] = torch.tensor(res.lower, dtype=torch.float64, device=x.device)
         if res.counterexample is not None:
             status, cex = "falsified", res.counterexample.reshape(x.shape[1:])
         else:
@@ -129,6 +129,6 @@ def search_margins(method, problem, options, progress=None) -> CertResult:
         if progress is not None:
             progress(1)
     lower_margin = torch.stack(lower)
-    certified = torch.tensor([v.status == "certified" for v in verdicts], dtype=torch.bool)
+    certified = torch.tensor([v.status == "certified" for v in verdicts], dtype=torch.bool, device=x.device)
     return CertResult(lower_margin, certified, method.name, eps, time.perf_counter() - t_start, "",
                       method.assumptions, domain, problem.label, tuple(verdicts))

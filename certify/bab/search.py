@@ -53,8 +53,9 @@ class _Search:
     def file(self, bounded, cons, groups):
         """Each bounded leaf: proved (kept with its value) or queued; returns the open ones."""
         open_ = []
+        values = bounded.values()  # one read from the device per batch
         for b, (cs, k) in enumerate(zip(cons, groups)):
-            v = bounded.value(b)
+            v = values[b]
             if v > 0:
                 self.final[k].append(v)
                 self.done.append((k, cs))
@@ -110,7 +111,8 @@ class _Search:
         open_ = self.file(bounded, cons, groups)
         attack = self.options.attack
         if self.falsify is not None and open_ and number % attack.leaf_every == 0:
-            order = sorted(open_, key=bounded.value)[: attack.leaf_count]
+            values = bounded.values()
+            order = sorted(open_, key=values.__getitem__)[: attack.leaf_count]
             return self.falsify(bounded.worst[order]), True
         return None, True
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from softcert.certify.ops.core import Elementwise, register
+from softcert.certify.ops.core import Elementwise, register, tensor_of
 from softcert.kernels.floating import TINY, U64
 
 U = U64
@@ -445,7 +445,7 @@ def _clip_image(lo, hi, l, u, value_range):
 
 # ---------------------------------------------------------------- planes
 def _as64(t):
-    return torch.as_tensor(t).to(torch.float64)
+    return tensor_of(t, torch.float64)
 
 
 def _planes(name, image, slopes, unbounded=None, lo_floor=None):
@@ -493,7 +493,7 @@ def _with_alpha(name, default, slope_range):
         if alpha is None:
             return out
         lw0, lb0, uw, ub = out
-        l, u, a = torch.broadcast_tensors(_as64(l), _as64(u), torch.as_tensor(alpha).to(torch.float64))
+        l, u, a = torch.broadcast_tensors(_as64(l), _as64(u), tensor_of(alpha, torch.float64, out[0].device))
         shape = l.shape
         l, u, a = l.reshape(-1), u.reshape(-1), a.reshape(-1)
         fin = torch.isfinite(l) & torch.isfinite(u)

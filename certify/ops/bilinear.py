@@ -46,8 +46,8 @@ ABS = 1e-300
 class OptimisableBilinear(Bilinear):
     """A ``Bilinear`` whose ``relax(A, xb, yb, x_shape, y_shape, alpha)`` takes the McCormick
     interpolation ``alpha``, range ``alpha_range``; ``alpha_init(batch, shape, in_shapes)``
-    is the CROWN choice (ones) of shape (batch, *shape), or, with ``per_product``, one per
-    product of a matrix product: (batch, ..., n, k, m) for inputs (.., n, k) and (.., k, m)."""
+    is the CROWN choice (ones) of shape (batch, *shape) on ``device``, or, with ``per_product``,
+    one per product of a matrix product: (batch, ..., n, k, m) for inputs (.., n, k) and (.., k, m)."""
 
     alpha_range: tuple = (0.0, 1.0)
     per_product: bool = False
@@ -55,17 +55,17 @@ class OptimisableBilinear(Bilinear):
     def backward(self, node, A, ins, shapes, const=None, alpha=None):
         return self.relax(A, ins[0], ins[1], shapes[0], shapes[1], alpha)
 
-    def alpha_init(self, batch, shape, in_shapes=None):
+    def alpha_init(self, batch, shape, in_shapes=None, device=None):
         if self.per_product and in_shapes is not None:
             shape = (*shape[:-1], in_shapes[0][-1], shape[-1])
-        return torch.ones(batch, *shape, dtype=torch.float64)
+        return torch.ones(batch, *shape, dtype=torch.float64, device=device)
 
     @property
     def optimisable(self):
         return True
 
     def initial_params(self, node, ins, shapes, specs, per_product=True):
-        init = self.alpha_init(ins[0][0].shape[0], node.shape, shapes if per_product else None)
+        init = self.alpha_init(ins[0][0].shape[0], node.shape, shapes if per_product else None, ins[0][0].device)
         return per_spec(init, specs, *self.alpha_range)
 
 
@@ -99,7 +99,7 @@ def mul_planes(xb, yb, alpha=None):
     the box, c certified at the corners. Shapes broadcast (boxes (B, 1, ...), alpha (B, S, ...))."""
     (xl, xu), (yl, yu) = xb, yb
     if alpha is None:
-        alpha = torch.ones((), dtype=xl.dtype)
+        alpha = torch.ones((), dtype=xl.dtype, device=xl.device)
     beta = 1 - alpha
     a_lo, a_hi = alpha * yl + beta * yu, alpha * yu + beta * yl
     b = alpha * xl + beta * xu

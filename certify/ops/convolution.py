@@ -64,11 +64,12 @@ def conv2d_params(weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
 
     ``in_shape``: the traced input shape (..., C, H, W). Returns a dict with float64
     ``weight``/``bias``, pairs ``stride``/``dilation``, ``padding`` (top, bottom, left,
-    right), ``groups``, ``in_shape`` and ``out_shape`` (..., O, Ho, Wo)."""
+    right), ``groups``, ``in_shape`` and ``out_shape`` (..., O, Ho, Wo). The weights stay on
+    their device (the model's)."""
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
         raise ValueError(f"conv2d: weight: expected a 4-D tensor (O, C/groups, kh, kw), got "
                          f"{getattr(weight, 'shape', type(weight).__name__)}")
-    weight = weight.detach().to("cpu", torch.float64)
+    weight = weight.detach().to(torch.float64)
     if not torch.isfinite(weight).all():
         raise ValueError("conv2d: weight: contains NaN or inf")
     o, cg, kh, kw = weight.shape
@@ -77,7 +78,7 @@ def conv2d_params(weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (o,):
             raise ValueError(f"conv2d: bias: expected shape ({o},), got {getattr(bias, 'shape', bias)!r}")
-        bias = bias.detach().to("cpu", torch.float64)
+        bias = bias.detach().to(torch.float64)
         if not torch.isfinite(bias).all():
             raise ValueError("conv2d: bias: contains NaN or inf")
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:

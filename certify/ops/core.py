@@ -46,7 +46,25 @@ _MODE = contextvars.ContextVar("certify_arithmetic", default="sound")
 #: (1 - u)^-(2^32) <= 1 + γ_(2^32) < GROW times the computed one (Higham §3.1), where the
 #: result is normal; subnormal results are covered by one spacing per term (``charge``)
 GROW = 1.0 + 2.0 ** -20
-_NEG, _POS = torch.tensor(-math.inf, dtype=torch.float64), torch.tensor(math.inf, dtype=torch.float64)
+_LIMITS: dict = {}  # (sign, dtype, device) -> the 0-d tensor ±inf that nextafter steps towards
+
+
+def tensor_of(value, dtype=None, device=None):
+    """``value`` as a tensor. A tensor keeps its device (``torch.as_tensor`` would move it to
+    the default device of ``torch.set_default_device`` or a ``with torch.device(...)``
+    block) and is converted to ``dtype`` when given; anything else (a number, a list, an
+    array) is created on ``device`` (None: torch's default)."""
+    if isinstance(value, torch.Tensor):
+        return value if dtype is None else value.to(dtype)
+    return torch.as_tensor(value, dtype=dtype, device=device)
+
+
+def _limit(sign, t):
+    """±inf as a 0-d tensor of t's dtype on t's device (made once per dtype and device)."""
+    key = (sign, t.dtype, t.device)
+    if key not in _LIMITS:
+        _LIMITS[key] = torch.tensor(sign * math.inf, dtype=t.dtype, device=t.device)
+    return _LIMITS[key]
 
 
 @contextlib.contextmanager
@@ -71,23 +89,23 @@ def is_sound():
     return _MODE.get() == "sound"
 
 
-def _step(t, to):
+def _step(t, sign):
     # nextafter(t) written as t + (exact spacing) so that autograd sees the identity
     # (alpha-CROWN differentiates through bounds, and torch before 2.13 has no derivative of
     # nextafter); an infinite t takes nextafter's own value (down(+inf) is the largest float,
     # -inf stays -inf), NaN stays NaN
-    n = torch.nextafter(t.detach(), to.to(t.dtype))
+    n = torch.nextafter(t.detach(), _limit(sign, t))
     return torch.where(torch.isfinite(t), t + (n - t.detach()), n)
 
 
 def down(t):
     """The float64 below t: for t = fl(x op y) (round to nearest), down(t) <= x op y exactly."""
-    return _step(t, _NEG)
+    return _step(t, -1)
 
 
 def up(t):
     """The float64 above t: for t = fl(x op y), up(t) >= x op y exactly."""
-    return _step(t, _POS)
+    return _step(t, 1)
 
 
 def add_down(a, b):
@@ -109,7 +127,7 @@ def weighted_sum(W, v):
     """Σ_rest W·v (B, S) for W (B, S, *shape) and v (B, 1, *shape) (or broadcastable): one
     batched matrix product when v is shared by the S rows. Where v is ±inf and W is 0 the
     term is 0 (a zero coefficient contributes exactly nothing, whatever the bound)."""
-    v = torch.as_tensor(v, dtype=W.dtype)
+    v = tensor_of(v, W.dtype, W.device)
     if torch.isinf(v).any():
         return sum_rest(torch.where(W == 0, 0.0, W * v))
     b, s = W.shape[:2]
@@ -139,10 +157,11 @@ def gamma_charge(q, n):
     return up(q * (gamma(n) * GROW * GROW) + 3 * n * SUBNORMAL_ULP)
 
 
-def floor_charge(n, mass):
+def floor_charge(n, mass, device=None):
     """A float64 >= n·2^-1074·mass: the absolute error of n rounded products that land in the
-    subnormal range, each multiplied by at most ``mass`` (e.g. 1 + Σ max|x|)."""
-    return up(torch.as_tensor(mass, dtype=torch.float64) * (n * SUBNORMAL_ULP * GROW))
+    subnormal range, each multiplied by at most ``mass`` (e.g. 1 + Σ max|x|; a number is made
+    a tensor on ``device``)."""
+    return up(tensor_of(mass, torch.float64, device) * (n * SUBNORMAL_ULP * GROW))
 
 
 def sum_rest(t, keep=2):

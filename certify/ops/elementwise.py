@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from softcert.certify.ops.core import Elementwise, SplitRule, down, register, up
+from softcert.certify.ops.core import Elementwise, SplitRule, down, register, tensor_of, up
 from softcert.kernels.floating import EXP_ABS, EXP_REL, LOG_REL, SUBNORMAL_ULP, U64
 
 U = U64
@@ -110,7 +110,7 @@ def _neg_log_default(l, u):
     """The tangent parallel to the chord: at the logarithmic mean m = (u - l) / log(u / l),
     where -1/m is the chord's slope (the point of f farthest below the chord). On the wide
     boxes of an exp-sum (u/l of several orders) the midpoint sits far from it."""
-    l, u = torch.as_tensor(l, dtype=torch.float64), torch.as_tensor(u, dtype=torch.float64)
+    l, u = tensor_of(l, torch.float64), tensor_of(u, torch.float64)
     w = u - l
     # off the boxes with 0 < l < u the quotients are NaN or inf: those take the midpoint
     a = (w / torch.log(u / l) - l) / w
@@ -118,7 +118,7 @@ def _neg_log_default(l, u):
 
 
 def _half(l, u):
-    return torch.full_like(torch.as_tensor(l + u), 0.5)
+    return torch.full_like(tensor_of(l + u), 0.5)
 
 
 def _exp_default(l, u):
@@ -185,11 +185,11 @@ def convex_planes(name, image):
     f = CONVEX[name]
 
     def planes(l, u, alpha=None):
-        l, u = torch.as_tensor(l, dtype=torch.float64), torch.as_tensor(u, dtype=torch.float64)
+        l, u = tensor_of(l, torch.float64), tensor_of(u, torch.float64)
         l = torch.minimum(l, u)
         if alpha is None:
             alpha = f.default(l, u)
-        alpha = torch.as_tensor(alpha, dtype=torch.float64)
+        alpha = tensor_of(alpha, torch.float64, l.device)
         # the spec axis of alpha broadcasts against the (B, 1, ...) boxes
         lw, lb = tangent_plane(f, l, u, alpha)
         uw, ub = chord_plane(f, l, u)
@@ -204,7 +204,7 @@ def _positive(name, planes, strict=True):
     """``planes`` that raise for boxes reaching below 0 (or to 0 when ``strict``). -log x
     takes l = 0, an exp-sum that underflowed: its planes there fall back to the image's."""
     def checked(l, u, alpha=None):
-        l = torch.as_tensor(l)
+        l = tensor_of(l)
         if bool(((l <= 0) if strict else (l < 0)).any()):
             raise ValueError(f"{name}: input interval must be {'positive' if strict else 'non-negative'}")
         return planes(l, u, alpha)

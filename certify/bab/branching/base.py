@@ -35,18 +35,32 @@ class BranchingRule:
 
     def decide(self, candidates, batch):
         """Per leaf, the neuron of highest finite score over every candidate node (the first
-        node wins ties), split at its rule's point; None where no neuron can be split."""
-        best_score = torch.full((batch,), -torch.inf, dtype=torch.float64)
-        best = [None] * batch
+        node wins ties), split at its rule's point; None where no neuron can be split. The
+        choice is made on the tensors' device and read back at once."""
+        nodes, scores, index, values = [], [], [], []
         with torch.no_grad():
             for i, c in candidates.items():
                 p = c.rule.point(c.l, c.u)
                 score = self.score(c, p)
                 score = torch.where(torch.isnan(p) | torch.isnan(score), -torch.inf, score).view(batch, -1)
                 s, ix = score.max(1)
-                for b in torch.nonzero(s > best_score).flatten().tolist():
-                    j = int(ix[b])
-                    best_score[b] = s[b]
-                    best[b] = Decision(i, j, float(c.l.view(batch, -1)[b, j]), float(c.u.view(batch, -1)[b, j]),
-                                       float(p.view(batch, -1)[b, j]))
-        return best
+                nodes.append(i)
+                scores.append(s.double())
+                index.append(ix)
+                values.append(torch.stack([_at(t, ix) for t in (c.l, c.u, p)], 1))
+            if not nodes:
+                return [None] * batch
+            # the first node of the highest score (argmax takes the first maximum), if finite above -inf
+            scores = torch.stack(scores)
+            k = scores.argmax(0)
+            rows = torch.arange(batch, device=k.device)
+            found = scores[k, rows] > -torch.inf
+            ints = torch.stack([found.long(), k, torch.stack(index)[k, rows]]).tolist()
+            ends = torch.stack(values)[k, rows].tolist()
+        return [Decision(nodes[n], j, *ends[b]) if ok else None
+                for b, (ok, n, j) in enumerate(zip(*ints))]
+
+
+def _at(t, ix):
+    """t (B, *shape) at the flat index ix[b] of each leaf b, as float64 (exact): (B,)."""
+    return t.reshape(t.shape[0], -1).gather(1, ix[:, None]).squeeze(1).double()
