@@ -86,6 +86,8 @@ METHOD_KEYS = {
     "lirpa-ibp": ("xu2020autolirpa", "gowal2018ibp"),
     "lirpa-crown": ("xu2020autolirpa", "zhang2018crown"),
     "lirpa-alpha-crown": ("xu2020autolirpa", "xu2021fast"),
+    "bab": ("shi2025genbab", "xu2021fast"),
+    "bab-vertex": ("shi2025genbab", "davoodi2026vertex"),
 }
 
 
