@@ -37,7 +37,7 @@ report-full: $(STAMP)
 GENERIC_CPU := ATEN_CPU_CAPABILITY=default NUMBA_CPU_NAME=generic
 CPU_SENSITIVE := tests/test_kernels_vertex.py tests/test_kernels_topk.py tests/test_vertex.py \
 	tests/test_topk.py tests/test_interval.py tests/test_fp_rows.py tests/test_floating.py \
-	tests/test_certificate.py tests/test_kernels_dinkelbach.py tests/test_fp_attention.py
+	tests/test_certificate.py tests/test_kernels_dinkelbach.py tests/test_fp_attention.py tests/test_certify_golden.py
 
 # import-linter reads a package from one folder; ours are mapped under softcert (pyproject.toml
 # [tool.setuptools.package-dir]), so the contract is checked on the installed layout, staged.

@@ -6,13 +6,18 @@ one. Bound-only methods: the lower margins of two test images of every zoo model
 user-style model, to 1e-9 relative (the float64 arithmetic is the same; only the order of
 summation may differ between CPUs, far below that). Branch and bound: with a fixed leaf budget
 and a time budget it never reaches, the verdicts and lower margins of mnist-vit1 are
-deterministic.
+deterministic. The optimised methods (alpha-CROWN's Adam, and bab, which runs it) amplify
+summation-order differences between vector instruction sets (measured: up to 0.03 on
+mnist-vit1-cls-ln between AVX-512 and the generic CPU), so their values are stored per
+``torch.backends.cpu.get_cpu_capability()`` (``--write`` under ``ATEN_CPU_CAPABILITY=default``
+adds the generic CPU's) and skipped, saying so, on an instruction set without stored values.
 """
 import json
 import math
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,11 +43,10 @@ class UserModel(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        g = torch.Generator().manual_seed(5)
-        self.emb = torch.nn.Parameter(torch.randn(6, 8, generator=g) * 0.5)
-        self.qkv = torch.nn.Parameter(torch.randn(8, 24, generator=g) * 0.3)
-        self.fc = torch.nn.Parameter(torch.randn(8, 8, generator=g) * 0.3)
-        self.head = torch.nn.Parameter(torch.randn(8, 3, generator=g) * 0.3)
+        # numpy's generator: torch.randn's vectorised sampler differs between CPU instruction sets
+        g = np.random.default_rng(5)
+        w = lambda *shape, s: torch.nn.Parameter(torch.tensor(g.standard_normal(shape) * s))  # noqa: E731
+        self.emb, self.qkv, self.fc, self.head = w(6, 8, s=0.5), w(8, 24, s=0.3), w(8, 8, s=0.3), w(8, 3, s=0.3)
 
     def forward(self, x):
         t = (x.reshape(x.shape[0], 4, 6) @ self.emb)
@@ -54,7 +58,7 @@ class UserModel(torch.nn.Module):
 
 def _user():
     model = UserModel().double().eval()
-    x = torch.rand(2, 24, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    x = torch.tensor(np.random.default_rng(2).random((2, 24)))
     with torch.no_grad():
         y = model(x).argmax(1)
     return model, x, y
@@ -88,8 +92,27 @@ def bab_run():
             "leaves": [v.leaves for v in r.verdicts]}
 
 
+OPTIMISED = ("alpha-crown", "alpha-crown-relu", "alpha-crown-intermediate")
+
+
 def _stored():
     return json.loads(STORE.read_text())
+
+
+def _capability():
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def _optimised_values(key):
+    """The stored values of an optimised run for this CPU's instruction set, or skip."""
+    store, cap = _stored(), _capability()
+    if cap == store["capability"]:
+        return store["margins"][key] if key != "bab" else store["bab"]
+    other = store.get("by_capability", {}).get(cap)
+    if other is None:
+        pytest.skip(f"no stored values of {key} for CPU capability {cap}: Adam amplifies summation-order "
+                    f"differences (regenerate with --write under it)")
+    return other[key]
 
 
 def _close(a, b):
@@ -101,13 +124,14 @@ def _close(a, b):
 
 @pytest.mark.parametrize("name,method", list(_cases()))
 def test_bound_methods_keep_their_margins(name, method):
-    want = _stored()["margins"][f"{name}/{method}"]
+    key = f"{name}/{method}"
+    want = _optimised_values(key) if method in OPTIMISED else _stored()["margins"][key]
     ok, worst = _close(margins(name, method), want)
     assert ok, f"{name} {method}: margins moved by up to {worst}"
 
 
 def test_bab_with_a_leaf_budget_is_deterministic():
-    want = _stored()["bab"]
+    want = _optimised_values("bab")
     got = bab_run()
     assert got["status"] == want["status"]
     assert got["leaves"] == want["leaves"]
@@ -117,11 +141,22 @@ def test_bab_with_a_leaf_budget_is_deterministic():
 
 
 def _write():
-    out = {"eps": EPS, "margins": {}, "bab": None}
+    """The store from this CPU (its instruction set the native one), or, under
+    ATEN_CPU_CAPABILITY=default etc., the optimised values for that instruction set added."""
+    old = json.loads(STORE.read_text()) if STORE.exists() else None
+    native = old is None or old.get("capability") in (None, _capability())
+    out = {"eps": EPS, "capability": _capability(), "margins": {}, "bab": None} if native else old
+    section = out["margins"] if native else {}
     for name, m in _cases():
-        out["margins"][f"{name}/{m}"] = margins(name, m)
-        print(name, m, flush=True)
-    out["bab"] = bab_run()
+        if native or m in OPTIMISED:
+            section[f"{name}/{m}"] = margins(name, m)
+            print(name, m, flush=True)
+    section["bab"] = bab_run()
+    if native:
+        out["bab"] = section.pop("bab")
+        out["by_capability"] = {} if old is None else old.get("by_capability", {})
+    else:
+        out.setdefault("by_capability", {})[_capability()] = section
     STORE.write_text(json.dumps(out, indent=1) + "\n")
 
 
