@@ -505,7 +505,7 @@ def test_a_leaf_keeps_the_parameters_of_its_best_bound():
     eng = LeafBounder(graph_of(MODEL, x), (lo.unsqueeze(1), hi.unsqueeze(1)), Rows(C, torch.zeros(2), torch.arange(2)),
                       x.unsqueeze(1), BabOptions(alpha_steps=4, lr=10.0, intermediate="full"))
     res = eng.bound([{}, {}], [0, 1], None, None)
-    st, _, _ = eng._state([{}, {}])
+    st, _, _ = eng._state(eng._by_node([{}, {}]), 2)
     with torch.no_grad():
         again = eng._backward(st, C.unsqueeze(1), res.params, {})
     torch.testing.assert_close(again, res.lower, rtol=0, atol=1e-12)
@@ -545,6 +545,6 @@ def test_leaf_bounds_hold_the_split_point_exactly():
     k = int(torch.nonzero(u > l)[0])
     p = float(l[k] + (u[k] - l[k]) / 3)
     assert float(torch.tensor(p, dtype=torch.float32)) != p
-    st, _, _ = eng._state([{(node, k): (float(l[k]), p)}, {(node, k): (p, float(u[k]))}])
+    st, _, _ = eng._state(eng._by_node([{(node, k): (float(l[k]), p)}, {(node, k): (p, float(u[k]))}]), 2)
     sl, su = (t.detach().reshape(2, -1) for t in st.bounds[node])
     assert float(su[0, k]) == p and float(sl[1, k]) == p

@@ -108,31 +108,37 @@ class LeafBounder:
                                     self.options.root_optimised, alphas or None)
 
     # ------------------------------------------------------------ one batch of leaves
-    def _state(self, cons):
-        """The leaf states stacked on the batch axis: root bounds, the constrained neurons
-        tightened, nodes downstream of them re-bounded by IBP (and CROWN for ``rebound``)
-        intersected with the parent bounds. Returns (state, tracked bounds of the input and the
-        splittable nodes, infeasible (B,))."""
-        B = len(cons)
-        st = self.root.expand(B)
-        tight = {}
+    def _by_node(self, cons):
+        """The leaves' split constraints grouped by node: node -> (leaf, neuron index, lo, hi)
+        tensors on the device, copied once per node ((leaf, neuron) pairs are distinct)."""
+        items = {}
         for b, cs in enumerate(cons):
             for (node, idx), (lo, hi) in cs.items():
-                tight.setdefault(node, []).append((b, idx, lo, hi))
+                items.setdefault(node, []).append((b, idx, lo, hi))
+        out = {}
+        for node, its in items.items():
+            bs, ix, los, his = zip(*its)
+            # float64: the split point exactly as the children's constraints hold it (the
+            # default float32 would round it, and a sliver of the parent would lie in no child)
+            out[node] = (*(torch.tensor(v, dtype=torch.int64, device=self.device) for v in (bs, ix)),
+                         *(torch.tensor(v, dtype=torch.float64, device=self.device) for v in (los, his)))
+        return out
+
+    def _state(self, grouped, B):
+        """The states of B leaves with the constraints ``grouped`` (``_by_node``) stacked on the
+        batch axis: root bounds, the constrained neurons tightened, nodes downstream of them
+        re-bounded by IBP (and CROWN for ``rebound``) intersected with the parent bounds.
+        Returns (state, tracked bounds of the input and the splittable nodes, infeasible (B,))."""
+        st = self.root.expand(B)
         infeasible = torch.zeros(B, dtype=torch.bool, device=self.device)
         with torch.no_grad():
-            for i, items in tight.items():
+            for i, (bs, ix, los, his) in grouped.items():
                 l, u = (t.clone() for t in st.bounds[i])
-                bs, ix, los, his = zip(*items)
-                bs, ix = (torch.tensor(v, dtype=torch.int64, device=self.device) for v in (bs, ix))
-                # float64: the split point exactly as the children's constraints hold it (the
-                # default float32 would round it, and a sliver of the parent would lie in no child)
-                los, his = (torch.tensor(v, dtype=torch.float64, device=self.device) for v in (los, his))
                 lf, uf = l.view(B, -1), u.view(B, -1)
                 lf[bs, ix] = torch.maximum(lf[bs, ix], los.to(l.dtype))
                 uf[bs, ix] = torch.minimum(uf[bs, ix], his.to(u.dtype))
                 st.tighten(i, l, u)
-            changed = set(tight)
+            changed = set(grouped)
             for i in range(1, len(self.g.nodes)):
                 if any(j in changed for j in self.g.nodes[i].inputs):
                     infeasible |= self._rebound(st, i)
@@ -155,20 +161,14 @@ class LeafBounder:
         st.tighten(i, l, torch.maximum(l, u))
         return infeasible
 
-    def _constraint_bounds(self, cons, B):
-        """node -> (lo, hi) (B, *shape), ±inf where a leaf has no constraint on the neuron."""
-        items = {}
-        for b, cs in enumerate(cons):
-            for (node, idx), (lo, hi) in cs.items():
-                items.setdefault(node, []).append((b, idx, lo, hi))
+    def _constraint_bounds(self, grouped, B):
+        """node -> (lo, hi) (B, *shape) of the constraints ``grouped`` (``_by_node``), ±inf where
+        a leaf has no constraint on the neuron."""
         out = {}
-        for node, its in items.items():
+        for node, (bs, ix, los, his) in grouped.items():
             shape = self.g.nodes[node].shape
             lo = torch.full((B, *shape), -torch.inf, dtype=torch.float64, device=self.device)
             hi = torch.full((B, *shape), torch.inf, dtype=torch.float64, device=self.device)
-            # one copy of the constraints to the device per node ((leaf, neuron) pairs are distinct)
-            bs, ix = (torch.tensor(v, device=self.device) for v in list(zip(*its))[:2])
-            los, his = (torch.tensor(v, dtype=torch.float64, device=self.device) for v in list(zip(*its))[2:])
             lo.view(B, -1)[bs, ix] = los
             hi.view(B, -1)[bs, ix] = his
             out[node] = (lo, hi)
@@ -185,9 +185,12 @@ class LeafBounder:
             rhs[b, : len(r)] = self.rhs[r]
         return C, rhs
 
-    def _backward(self, st, C, params, cbounds):
-        """crown.backward with the leaves' alphas and the split constraints' multipliers."""
+    def _backward(self, st, C, params, cbounds, vertex=False):
+        """crown.backward with the leaves' alphas and the split constraints' multipliers; with
+        ``vertex``, the P·V terms by Vertex-Softmax instead of the alphas."""
         constraints = {i: (lo, hi, *params.betas[i]) for i, (lo, hi) in cbounds.items()}
+        if vertex:
+            return crown.backward(st, self.g.output, C, vertex_pv=self.pvs, constraints=constraints)
         return crown.backward(st, self.g.output, C, alphas=params.alphas or None, constraints=constraints)
 
     def _start(self, start, cbounds, B):
@@ -218,8 +221,9 @@ class LeafBounder:
         warm-started from ``start`` (None at the root) and bounds at least ``parent_lower``."""
         B, W = len(cons), self.width
         C, rhs = self._spec(groups)
-        st, tracked, infeasible = self._state(cons)
-        cbounds = self._constraint_bounds(cons, B) if self.options.beta else {}
+        grouped = self._by_node(cons)
+        st, tracked, infeasible = self._state(grouped, B)
+        cbounds = self._constraint_bounds(grouped, B) if self.options.beta else {}
         params = self._start(start, cbounds, B)
         best = torch.full((B, W), -torch.inf, dtype=torch.float64, device=self.device)
         values = {k: p.start.detach().clone() for k, p in params.items()}
@@ -241,7 +245,7 @@ class LeafBounder:
         with torch.no_grad():
             best = torch.maximum(best, lo.detach())
             if self.pvs:
-                lv = self._backward_vertex(st, C, final, cbounds)
+                lv = self._backward(st, C, final, cbounds, vertex=True)
                 self.vertex_wins += int((lv > best).any(1).sum())
                 best = torch.maximum(best, lv)
             if parent_lower is not None:
@@ -253,10 +257,6 @@ class LeafBounder:
         detached = RelaxationParams({k: a.detach() for k, a in final.alphas.items()},
                                     {k: (a.detach(), b.detach()) for k, (a, b) in final.betas.items()})
         return Bounded(best, rhs, detached, decisions, self._worst(tracked[0], grad))
-
-    def _backward_vertex(self, st, C, params, cbounds):
-        constraints = {i: (lo, hi, *params.betas[i]) for i, (lo, hi) in cbounds.items()}
-        return crown.backward(st, self.g.output, C, vertex_pv=self.pvs, constraints=constraints)
 
     @staticmethod
     def _worst(box, grad):
