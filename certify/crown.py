@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -345,7 +346,24 @@ def _clip_to_value_range(node, l, u):
     return l, torch.maximum(l, u)
 
 
-def propagate(graph, xl, xu, *, algorithm="crown", centre=None, options=DEFAULT, deadline=None, optimise=None):
+@dataclass(frozen=True)
+class Deadlines:
+    """``time.monotonic()`` values for ``propagate``. ``optimise``: alpha optimisation of the
+    intermediate bounds stops there and the remaining elements keep their "full" bounds (a
+    share of a budget); ``hard`` (a wall-clock budget's end): CROWN chunks not started by then
+    are skipped and those elements keep their IBP bounds (sound, looser)."""
+
+    optimise: float | None = None
+    hard: float | None = None
+
+    def first(self):
+        """The earlier of the two (None: neither)."""
+        ends = [t for t in (self.optimise, self.hard) if t is not None]
+        return min(ends) if ends else None
+
+
+def propagate(graph, xl, xu, *, algorithm="crown", centre=None, options=DEFAULT, deadlines=Deadlines(),
+              optimise=None):
     """Bounds of every node over the input boxes [xl, xu] (B, *input shape): a ``BoundState``.
     ``algorithm`` (``ALGORITHMS``): "ibp" (interval bounds only), "crown" (CROWN bounds of the
     inputs of nonlinear nodes, intersected with IBP), "vertex" (CROWN, with softmax
@@ -368,8 +386,7 @@ def propagate(graph, xl, xu, *, algorithm="crown", centre=None, options=DEFAULT,
       every relaxation up to the node optimised for that row; Xu et al. 2021 optimise the
       intermediate bounds in the same way) and intersected: no looser than "full" at each
       node given the same upstream bounds, and about 30x its time on mnist-vit1
-      (docs/certify/bab.notes.md). ``deadline`` (a ``time.monotonic()`` value): optimisation
-      stops there and the remaining elements keep their "full" bounds. ``optimise``: node id ->
+      (docs/certify/bab.notes.md). ``deadlines``: a ``Deadlines``. ``optimise``: node id ->
       bool (B, *shape), the only elements "alpha" optimises (default: every undecided one)."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm: expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
@@ -388,7 +405,7 @@ def propagate(graph, xl, xu, *, algorithm="crown", centre=None, options=DEFAULT,
             state.consts[i] = node.operator.anchor(*[centre[j] for j in node.inputs])
         l, u = ibp_node(state, i)
         if i in need:
-            l, u = _intermediate(state, i, (l, u), deadline, optimise)
+            l, u = _intermediate(state, i, (l, u), deadlines, optimise)
         if algorithm == "vertex" and i in att_of:
             vl, vu = _vertex_interval(state, att_of[i], i)
             l, u = torch.maximum(l, vl), torch.minimum(u, vu)
@@ -396,7 +413,7 @@ def propagate(graph, xl, xu, *, algorithm="crown", centre=None, options=DEFAULT,
     return state
 
 
-def _intermediate(state, i, box, deadline, optimise):
+def _intermediate(state, i, box, deadlines, optimise):
     """Node i's IBP box (l, u) intersected with its CROWN bounds by the options' algorithm
     (``propagate``)."""
     l, u = box
@@ -407,7 +424,7 @@ def _intermediate(state, i, box, deadline, optimise):
         select = ~(l == u)  # NaN (no information) stays selected
         if mode == "sparse":
             select &= ~_decided(state.g, users, l, u)
-        cl, cu = crown_node(state, i, select)
+        cl, cu = crown_node(state, i, select, deadline=deadlines.hard)
     l, u = torch.maximum(l, cl), torch.minimum(u, cu)
     del cl, cu
     if mode == "alpha":
@@ -415,8 +432,9 @@ def _intermediate(state, i, box, deadline, optimise):
         select = ~(l == u) & ~_decided(state.g, users, l, u)
         if optimise is not None:
             select &= optimise[i] if i in optimise else torch.zeros_like(select)
-        if select.any() and (deadline is None or time.monotonic() < deadline):
-            cl, cu = crown_node(state, i, select, optimise=state.options.intermediate_steps, deadline=deadline)
+        stop = deadlines.first()
+        if select.any() and (stop is None or time.monotonic() < stop):
+            cl, cu = crown_node(state, i, select, optimise=state.options.intermediate_steps, deadline=stop)
             l, u = torch.maximum(l, cl), torch.minimum(u, cu)
     return l, u
 
@@ -523,19 +541,53 @@ def most_sensitive(state, target, A, nodes, fraction, alphas=None):
     return out
 
 
-def adam_ascent(bound, params, steps, lr, best):
+class Adam:
+    """Adam (Kingma & Ba 2015) with torch.optim.Adam's defaults (betas (0.9, 0.999), eps 1e-8,
+    no weight decay) and its single-tensor update, operation for operation. torch.optim's
+    first construction in a process imports torch._dynamo (1.4 s measured on the 2-core
+    machine), which a short solver budget cannot afford (tests/test_vnncomp.py). Only
+    tightness depends on it: every iterate is projected onto its sound range."""
+
+    def __init__(self, tensors, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.tensors, self.lr, self.betas, self.eps, self.steps = tensors, lr, betas, eps, 0
+        self.m = [torch.zeros_like(t) for t in tensors]
+        self.v = [torch.zeros_like(t) for t in tensors]
+
+    def zero_grad(self):
+        for t in self.tensors:
+            t.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        self.steps += 1
+        b1, b2 = self.betas
+        step_size = self.lr / (1 - b1 ** self.steps)
+        correction = (1 - b2 ** self.steps) ** 0.5
+        for t, m, v in zip(self.tensors, self.m, self.v):
+            if t.grad is None:
+                continue
+            m.lerp_(t.grad, 1 - b1)
+            v.mul_(b2).addcmul_(t.grad, t.grad, value=1 - b2)
+            t.addcdiv_(m, (v.sqrt() / correction).add_(self.eps), value=-step_size)
+
+
+def adam_ascent(bound, params, steps, lr, best, deadline=None):
     """``steps`` Adam steps at rate ``lr`` ascending the sum of the finite entries of
     ``bound(values)`` (B, S) over the parameters ``params`` (key -> ``ops.Params``, start
     (B, S, ...)), each projected onto its sound range before every evaluation and after every
     step: the one optimiser loop of alpha-CROWN and of branch and bound. Returns (best, kept,
     last): the rowwise max of ``best`` and of every bound evaluated; per key the projected
     values that gave each row its best bound (the start where none beat ``best``); the last
-    iterate (projected). It runs with gradients on even inside ``torch.no_grad()``."""
+    iterate (projected). It runs with gradients on even inside ``torch.no_grad()``. Steps
+    not started by ``deadline`` (a ``time.monotonic()`` value) are skipped: every iterate is
+    sound, so stopping early only costs tightness."""
     x = {k: p.start.detach().clone().requires_grad_(True) for k, p in params.items()}
     kept = {k: p.project(x[k].detach()) for k, p in params.items()}
     with torch.enable_grad():
-        opt = torch.optim.Adam(list(x.values()), lr=lr)
+        opt = Adam(list(x.values()), lr=lr)
         for _ in range(steps):
+            if deadline is not None and time.monotonic() > deadline:
+                break
             lo = bound({k: p.project(x[k]) for k, p in params.items()})
             with torch.no_grad():
                 better = lo > best

@@ -287,7 +287,7 @@ def test_auto_root_leaves_branching_its_share_of_the_budget(monkeypatch):
 
     def spy(*a, **k):
         if k["options"].intermediate == "alpha":
-            seen.append((time.monotonic(), k["deadline"]))
+            seen.append((time.monotonic(), k["deadlines"].optimise))
         return propagate(*a, **k)
 
     monkeypatch.setattr(crown, "propagate", spy)

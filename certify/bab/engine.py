@@ -66,9 +66,10 @@ def splittable(graph):
 
 class LeafBounder:
     """Bounds batches of leaves of the box [xl, xu] (1, *graph input shape) for ``rows``.
-    ``centre``: the point anchoring the softmax shifts; ``options``: ``BabOptions``."""
+    ``centre``: the point anchoring the softmax shifts; ``options``: ``BabOptions``;
+    ``deadline`` (a ``time.monotonic()`` value): the root's CROWN bounds stop there (IBP after)."""
 
-    def __init__(self, graph, box, rows, centre, options):
+    def __init__(self, graph, box, rows, centre, options, deadline=None):
         self.g, self.options, self.box, self.centre = graph, options, box, centre
         # inputs of nonlinear nodes small enough to re-bound by CROWN in every leaf
         self.rebound = {j for n in graph.nodes if n.operator.kind in crown.NONLINEAR for j in n.inputs
@@ -88,14 +89,15 @@ class LeafBounder:
         self.bounded = 0
         self.vertex_wins = 0
         first = "full" if options.intermediate == "auto" else options.intermediate
-        self.root = self.propagate(first)
+        self.root = self.propagate(first, crown.Deadlines(hard=deadline))
 
-    def propagate(self, intermediate, deadline=None, optimise=None):
-        """The root's bounds with the given intermediate-bound algorithm."""
+    def propagate(self, intermediate, deadlines=crown.Deadlines(), optimise=None):
+        """The root's bounds with the given intermediate-bound algorithm (``crown.propagate``'s
+        ``deadlines`` and ``optimise``)."""
         opts = dataclasses.replace(self.options.propagation, intermediate=intermediate)
         with torch.no_grad():
             return crown.propagate(self.g, *self.box, algorithm="vertex" if self.options.vertex else "crown",
-                                   centre=self.centre, options=opts, deadline=deadline, optimise=optimise)
+                                   centre=self.centre, options=opts, deadlines=deadlines, optimise=optimise)
 
     def sensitive(self, groups, params):
         """node -> bool (1, *shape): per splittable node, the ``root_optimised`` fraction of its
@@ -216,9 +218,10 @@ class LeafBounder:
         betas = {k: (a, values[("beta_hi", k)]) for (tag, k), a in values.items() if tag == "beta_lo"}
         return RelaxationParams(alphas, betas)
 
-    def bound(self, cons, groups, start, parent_lower):
+    def bound(self, cons, groups, start, parent_lower, deadline=None):
         """``Bounded`` for the leaves with constraints ``cons`` of ``groups``, parameters
-        warm-started from ``start`` (None at the root) and bounds at least ``parent_lower``."""
+        warm-started from ``start`` (None at the root) and bounds at least ``parent_lower``;
+        the Adam steps stop at ``deadline`` (a ``time.monotonic()`` value)."""
         B, W = len(cons), self.width
         C, rhs = self._spec(groups)
         grouped = self._by_node(cons)
@@ -234,7 +237,7 @@ class LeafBounder:
             # Adam's last iterate can sit below its best one: each row keeps the parameters of
             # its best bound, so the children start from the relaxation that gave the parent's
             best, values, _ = crown.adam_ascent(lambda v: self._backward(detached, C, self._split(v), cbounds),
-                                                params, steps, self.options.lr, best)
+                                                params, steps, self.options.lr, best, deadline)
         values = {k: a.detach().requires_grad_(True) for k, a in values.items()}
         final = self._split(values)
         lo = self._backward(st, C, final, cbounds)

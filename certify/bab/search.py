@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from softcert.certify import crown
 from softcert.certify.bab.engine import LeafBounder, Rows
 from softcert.certify.bab.leaves import Leaf, LeafQueue, RelaxationParams
 from softcert.certify.options import BabOptions
@@ -68,7 +69,7 @@ class _Search:
         """Bound the roots; attack; optimise an open root's intermediate bounds ("auto").
         Returns a counterexample or None."""
         groups = list(range(len(self.bounder.rows)))
-        bounded = self.bounder.bound([{}] * len(groups), groups, None, None)
+        bounded = self.bounder.bound([{}] * len(groups), groups, None, None, deadline)
         self.file(bounded, [{}] * len(groups), groups)
         if len(self.queue) and self.falsify is not None:
             cex = self.falsify(None)
@@ -89,12 +90,13 @@ class _Search:
         groups = [lf.group for lf in open_]
         chosen = self.bounder.sensitive(groups, RelaxationParams.stack([lf.params for lf in open_]))
         now = time.monotonic()
-        self.bounder.root = self.bounder.propagate("alpha", now + self.options.root_share * (deadline - now), chosen)
+        share = crown.Deadlines(optimise=now + self.options.root_share * (deadline - now), hard=deadline)
+        self.bounder.root = self.bounder.propagate("alpha", share, chosen)
         parents = torch.cat([lf.lower for lf in open_])
         self.queue.clear()
-        self.file(self.bounder.bound([{}] * len(groups), groups, None, parents), [{}] * len(groups), groups)
+        self.file(self.bounder.bound([{}] * len(groups), groups, None, parents, deadline), [{}] * len(groups), groups)
 
-    def round(self, number):
+    def round(self, number, deadline):
         """Split a batch of leaves and bound their children; attack from the worst of them on
         every ``leaf_every``-th round, the first (``number`` 0) included. Returns (counterexample or None, whether anything was split)."""
         take = self.queue.pop_batch(self.options.batch)
@@ -107,7 +109,7 @@ class _Search:
                 groups.append(leaf.group)
                 params.append(leaf.params)
                 parents.append(leaf.lower)
-        bounded = self.bounder.bound(cons, groups, RelaxationParams.stack(params), torch.cat(parents))
+        bounded = self.bounder.bound(cons, groups, RelaxationParams.stack(params), torch.cat(parents), deadline)
         open_ = self.file(bounded, cons, groups)
         attack = self.options.attack
         if self.falsify is not None and open_ and number % attack.leaf_every == 0:
@@ -138,7 +140,7 @@ def branch_and_bound(graph, xl, xu, rows: Rows, *, deadline, options=BabOptions(
     point anchoring the softmax shifts (default the box centre)."""
     if not isinstance(options, BabOptions):
         raise ValueError(f"options: expected a BabOptions, got {type(options).__name__}")
-    search = _Search(LeafBounder(graph, (xl, xu), rows, centre, options), falsify, options)
+    search = _Search(LeafBounder(graph, (xl, xu), rows, centre, options, deadline), falsify, options)
     if time.monotonic() > deadline:
         return search.outcome(None, True)
     cex = search.root(deadline)
@@ -151,7 +153,7 @@ def branch_and_bound(graph, xl, xu, rows: Rows, *, deadline, options=BabOptions(
             break
         if search.bounder.bounded >= options.max_leaves:
             break
-        cex, split = search.round(rounds)
+        cex, split = search.round(rounds, deadline)
         rounds += 1
         if cex is not None:
             return search.outcome(cex, False)

@@ -5,23 +5,31 @@ Reads the ONNX model (certify.onnx_graph.read_onnx) and the VNN-LIB 1.0/2.0 prop
 what is left of the time budget after loading, and writes the VNN-COMP result file (``sat``
 with the counterexample, ``unsat``, ``unknown`` or ``timeout``) plus RESULT.json beside it
 (verdict, seconds, method, assumptions, command). Prints the word.
+
+The budget counts from the start of the ``softcert`` process (softcert.cli.wallclock: start-up
+and imports included, as a harness times it); if the solver has not answered by then, a
+watchdog writes the ``timeout`` result and ends the process. Called in-process through
+softcert.cli.main, the clock starts with the call and no watchdog runs.
 """
 from __future__ import annotations
 
 import time
 
+from softcert.cli import wallclock
 from softcert.cli.common import command_line, write_json
 
 
 def configure(parser) -> None:
-    from softcert.certify.vnncomp import SOLVE_METHODS
-
+    # nothing heavy is imported here: the budget runs from the process start, and the watchdog
+    # starts in run()
     parser.add_argument("model", help="the network (.onnx or .onnx.gz)")
     parser.add_argument("property", help="the VNN-LIB 1.0 or 2.0 property (.vnnlib or .vnnlib.gz)")
     parser.add_argument("--timeout", type=float, required=True, help="time budget in seconds, loading included")
     parser.add_argument("--out", required=True, help="the result file to write (VNN-COMP format)")
-    parser.add_argument("--method", default="crown", choices=SOLVE_METHODS,
-                        help="bounding method for the unsat proof (default: crown)")
+    parser.add_argument("--method", default="crown",
+                        help="bounding method for the unsat proof, one of certify.vnncomp.SOLVE_METHODS: a bound "
+                             "method that needs no PyTorch model (ibp, crown, vertex, alpha-crown, ...) or bab "
+                             "(default: crown)")
     parser.add_argument("--max-boxes", type=int, default=64,
                         help="input-bisection budget per region (default: 64 boxes)")
 
@@ -34,22 +42,58 @@ def verdict_json(verdict, args, name) -> dict:
             "command": command_line(args, name)}
 
 
-def run(args) -> int:
-    from softcert.certify.onnx_graph import read_onnx
-    from softcert.certify.vnncomp import solve, write_result
-    from softcert.certify.vnnlib import read_vnnlib
+def _write(verdict, args) -> None:
+    from softcert.certify.vnncomp import write_result
 
-    start = time.monotonic()
-    network = read_onnx(args.model)
-    prop = read_vnnlib(args.property)
-    left = args.timeout - (time.monotonic() - start)
-    if left <= 0:
-        from softcert.certify.vnncomp import Verdict
-
-        verdict = Verdict("timeout", None, time.monotonic() - start, args.method, "the budget ran out while loading")
-    else:
-        verdict = solve(network, prop, left, args.method, max_boxes=args.max_boxes)
     write_result(verdict, args.out)
     write_json(f"{args.out}.json", verdict_json(verdict, args, "vnncomp"))
     print(verdict.result)
+
+
+def _write_timeout(args, start) -> None:
+    """The watchdog's answer: the VNN-COMP ``timeout`` result, written without importing
+    certify (torch takes over a second to import, more than a short budget has left)."""
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write("timeout\n")
+    write_json(f"{args.out}.json", {"result": "timeout", "seconds": time.monotonic() - start, "method": args.method,
+                                    "boxes": 0, "assumptions": "the solver had not answered at the deadline",
+                                    "counterexample": None, "command": command_line(args, "vnncomp")})
+    print("timeout")
+
+
+def run(args) -> int:
+    if not (args.timeout > 0 and args.timeout != float("inf")):
+        raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout!r}")
+    start = time.monotonic()
+    standalone = wallclock.standalone()
+    deadline = wallclock.deadline_of(args.timeout, standalone)
+    watchdog = wallclock.Watchdog(deadline, lambda: _write_timeout(args, start)) if standalone else None
+    try:
+        verdict = _decide(args, start, deadline)
+        if watchdog is None or watchdog.claim():
+            _write(verdict, args)
+        else:
+            time.sleep(60)  # the watchdog is writing the timeout result and ending the process
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+    if standalone:
+        wallclock.finish(0)
     return 0
+
+
+def _decide(args, start, deadline):
+    from softcert.certify.onnx_graph import read_onnx
+    from softcert.certify.vnncomp import SOLVE_METHODS, solve
+    from softcert.certify.vnnlib import read_vnnlib
+
+    if args.method not in SOLVE_METHODS:
+        raise ValueError(f"--method: expected one of {', '.join(SOLVE_METHODS)}, got {args.method!r}")
+    network = read_onnx(args.model)
+    prop = read_vnnlib(args.property)
+    left = deadline - time.monotonic() - wallclock.MARGIN
+    if left <= 0:
+        from softcert.certify.vnncomp import Verdict
+
+        return Verdict("timeout", None, time.monotonic() - start, args.method, "the budget ran out while loading")
+    return solve(network, prop, left, args.method, max_boxes=args.max_boxes)

@@ -24,11 +24,10 @@ Interface"); the theory names are those of its chapter "Theories and Logics". He
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-_IMPORTED = time.monotonic()
+from softcert.cli import wallclock
 
 NAME = "softcert"
 #: VNN-LIB versions certify.vnnlib reads: 1.0 (declare-const X_i Real) and 2.0 (vnnlib-version <2.0>)
@@ -109,10 +108,6 @@ CAPABILITIES = ("onnx-opset-versions", "onnx-element-types", "onnx-operators", "
 #: other spellings: the standard's own example writes --multiple-inputs-output-theories
 ALIASES = {"multiple-inputs-output-theories": "multiple-input-output-theories"}
 
-#: seconds the solver stops before the deadline, to print its answer in time
-MARGIN = 0.1
-
-
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as _version
@@ -154,46 +149,6 @@ def configure(parser) -> None:
         group.add_argument(*flags, dest="capability", action="store_const", const=name,
                            help="not standard: the operators read in part, with what is read"
                            if name == "onnx-operators-partial" else None)
-
-
-def seconds_since_start() -> float:
-    """Seconds since this process started (Linux: its start time in /proc, so interpreter
-    start-up and imports count), else since this module was imported."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in ticks after boot
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.monotonic() - _IMPORTED
-
-
-class _Watchdog:
-    """Prints ``timed-out`` and ends the process at the deadline (time.monotonic()) unless
-    ``claim()`` came first; ``claim()`` is True when the answer is the caller's to print."""
-
-    def __init__(self, deadline: float):
-        import threading
-
-        self.lock, self.settled = threading.Lock(), False
-        self.timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
-        self.timer.daemon = True
-        self.timer.start()
-
-    def _fire(self):
-        with self.lock:
-            if self.settled:
-                return
-            self.settled = True
-            sys.stdout.write("timed-out\n")
-            sys.stdout.flush()
-            os._exit(0)
-
-    def claim(self) -> bool:
-        with self.lock:
-            mine, self.settled = not self.settled, True
-        self.timer.cancel()
-        return mine
 
 
 def _networks(args, declared):
@@ -265,7 +220,7 @@ def _verify(args, deadline, watchdog) -> int:
     if not lo <= network.opset <= hi:
         print(f"softcert vnnlib: warning: the model's opset {network.opset} is outside the opsets softcert was "
               f"tested on ({lo}-{hi}, supports --onnx-opset-versions)", file=sys.stderr)
-    left = (deadline - time.monotonic() - MARGIN) if deadline is not None else 1e9
+    left = (deadline - time.monotonic() - wallclock.MARGIN) if deadline is not None else 1e9
     if left <= 0:
         verdict = Verdict("timeout", None, 0.0, args.method, "the budget ran out while loading")
     else:
@@ -295,36 +250,18 @@ def run(args) -> int:
     if args.timeout is not None and not (args.timeout > 0 and args.timeout != float("inf")):
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout!r}")
     deadline = watchdog = None
-    standalone = _standalone()
+    standalone = wallclock.standalone()
     if args.timeout is not None:
-        # the softcert process: its clock starts with the process, and a watchdog answers
-        # timed-out at the deadline; called from Python (softcert.cli.main): from this call,
-        # no watchdog (it would end the caller's process)
-        deadline = time.monotonic() - (seconds_since_start() if standalone else 0.0) + args.timeout
-        watchdog = _Watchdog(deadline) if standalone else None
+        deadline = wallclock.deadline_of(args.timeout, standalone)
+        watchdog = wallclock.Watchdog(deadline, lambda: sys.stdout.write("timed-out\n")) if standalone else None
     try:
         rc = _verify(args, deadline, watchdog)
     finally:
         if watchdog is not None:
-            watchdog.timer.cancel()
+            watchdog.cancel()
     if standalone:
-        # the answer is out: end now rather than after the interpreter's teardown of torch
-        # and onnxruntime (0.5-0.7 s measured after a branch-and-bound run), which a harness
-        # would count against the timeout
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+        wallclock.finish(rc)
     return rc
-
-
-def _standalone() -> bool:
-    """Is this process the ``softcert`` command itself (its console script, ``python -m
-    softcert`` or a ``softcert-vnnlib`` script on ``entry``), not a Python program calling
-    softcert.cli.main?"""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    return (os.path.basename(sys.argv[0] or "") in ("softcert", "softcert-vnnlib")
-            or getattr(spec, "name", "") == "softcert.__main__")
 
 
 def entry() -> int:
