@@ -182,7 +182,10 @@ def _bab(vertex):
 
 _OURS = f"Ours (certify.crown). Arithmetic: {crown.ARITHMETIC}"
 # auto_LiRPA gives up by raising (e.g. an IBP denominator interval reaching 0): no bound
-_LIRPA_FAILS = (AssertionError, RuntimeError, IndexError)
+#: auto_LiRPA's own failures on graphs it half-supports (unsupported operators raise
+#: NotImplementedError, a RuntimeError; a ViT with LayerNorm raised "'BoundAdd' object has no
+#: attribute 'forward_value'" in its IBP, issue 32): the baseline has no bound, said in the note
+_LIRPA_FAILS = (AssertionError, RuntimeError, IndexError, AttributeError, TypeError, KeyError)
 
 METHODS = MappingProxyType({m.name: m for m in (
     Method("ibp", "interval bound propagation through every registered operator", _OURS, _ibp),

@@ -247,9 +247,23 @@ def test_a_passed_deadline_keeps_the_full_bounds(alpha_runs):
     assert (l == -torch.inf).all() and (u == torch.inf).all()
     with torch.no_grad():
         late = crown.propagate(g, xl, xu, centre=(xl + xu) / 2, options=PropagationOptions(intermediate="alpha"),
-                               deadline=0.0)
+                               deadlines=crown.Deadlines(optimise=0.0))
     for i in range(len(g.nodes)):
         assert all(torch.equal(a, b) for a, b in zip(full.bounds[i], late.bounds[i])), i
+
+
+def test_a_passed_hard_deadline_keeps_the_ibp_bounds(alpha_runs):
+    """Past the hard deadline (a wall-clock budget's end) no CROWN chunk starts: every node
+    keeps its IBP interval, which encloses the full bounds (sound, looser)."""
+    g = TINY.g
+    xl, xu = alpha_runs["full"].bounds[0]
+    with torch.no_grad():
+        ibp = crown.propagate(g, xl, xu, algorithm="ibp", centre=(xl + xu) / 2)
+        late = crown.propagate(g, xl, xu, centre=(xl + xu) / 2, deadlines=crown.Deadlines(hard=0.0))
+    for i in range(len(g.nodes)):
+        (li, ui), (ll, ul), (lf, uf) = ibp.bounds[i], late.bounds[i], alpha_runs["full"].bounds[i]
+        assert torch.equal(li, ll) and torch.equal(ui, ul), i
+        assert (ll <= lf).all() and (ul >= uf).all(), i
 
 
 def test_optimised_lower_without_steps_is_crown():

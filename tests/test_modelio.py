@@ -1,4 +1,5 @@
-"""`--model`: zoo names, checkpoints and ONNX files of the certify.ViT family; clear errors."""
+"""softcert.cli.modelio: `--model` zoo names, checkpoints and ONNX files, `--data`; clear errors
+(the other model formats: tests/test_cli_model_formats.py)."""
 from __future__ import annotations
 
 import warnings
@@ -23,7 +24,7 @@ def test_checkpoint_roundtrip(tmp_path):
     m, x, _ = zoo.load("digits-vit1")
     p = tmp_path / "m.pt"
     torch.save({"config": m.config, "state_dict": m.state_dict()}, p)
-    m2, xte, _, label = modelio.load_model(str(p))
+    m2, xte, _, label = modelio.load_model(str(p), data="digits")
     assert label == str(p) and torch.equal(m2(x[:8]), m(x[:8])) and xte.shape[1:] == (1, 8, 8)
 
 
@@ -31,8 +32,8 @@ def test_bare_state_dict_is_rejected_with_reason(tmp_path):
     m, _, _ = zoo.load("digits-vit1")
     p = tmp_path / "bare.pt"
     torch.save(m.state_dict(), p)
-    with pytest.raises(ValueError, match="no config"):
-        modelio.load_model(str(p))
+    with pytest.raises(ValueError, match="bare state dict.*recipe"):
+        modelio.load_model(str(p), data="digits")
 
 
 @pytest.mark.parametrize("name", ["digits-vit1", "mnist-vit1-cls-ln"])  # mean pool; LayerNorm + class token
@@ -40,7 +41,7 @@ def test_onnx_export_of_the_family_loads_and_matches(tmp_path, name):
     m, x, _ = zoo.load(name)
     p = tmp_path / "m.onnx"
     _export(m, x[:1], p)
-    m2, _, _, _ = modelio.load_model(str(p))
+    m2, _, _, _ = modelio.load_model(str(p), data="digits" if name.startswith("digits") else "mnist5k")
     assert m2.config["heads"] == m.config["heads"]
     assert (m2(x[:32]) - m(x[:32])).abs().max() < 1e-5
 
@@ -58,16 +59,18 @@ def test_onnx_with_unsupported_operator_names_it(tmp_path):
     p = tmp_path / "ranked.onnx"
     _export(Ranked(), torch.zeros(1, 1, 8, 8), p)
     with pytest.raises(ValueError, match=r"unsupported ONNX operator TopK"):
-        modelio.load_model(str(p))
+        modelio.load_model(str(p), data="digits")
 
 
 def test_unknown_name_and_unreadable_file(tmp_path):
-    with pytest.raises(ValueError, match="neither a file nor a zoo model"):
+    with pytest.raises(ValueError, match="no file, entry point or zoo model"):
         modelio.load_model("resnet50")
     p = tmp_path / "junk.pt"
     p.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="cannot read"):
-        modelio.load_model(str(p))
+    with pytest.raises(ValueError, match="junk.pt holds a pickled object.*--allow-pickle"):
+        modelio.load_model(str(p), data="digits")
+    with pytest.raises(ValueError, match="cannot load .*junk.pt"):
+        modelio.load_model(str(p), data="digits", allow_pickle=True)
 
 
 # ----------------------------------------------------------------------------- --data
@@ -108,10 +111,14 @@ def test_own_test_set_any_image_shape(tmp_path, fmt):
     assert (xte.numpy() == x).all()  # float32 in, float32 out: no conversion
 
 
-def test_no_bundled_data_points_to_data_option(tmp_path):
+def test_own_model_without_data_is_an_error(tmp_path):
+    """Never a silent fallback to bundled images (issue 32: 289 of the 360 digits a user's
+    8x8 model was measured on were in its training set)."""
     _, ckpt = _own_model(tmp_path)
-    with pytest.raises(ValueError, match="--data"):
+    with pytest.raises(ValueError, match="--data: .*own.pt is your own model"):
         modelio.load_model(str(ckpt))
+    with pytest.raises(ValueError, match="--data: the bundled split 'digits' has images \\(1, 8, 8\\)"):
+        modelio.load_model(str(ckpt), data="digits")
 
 
 @pytest.mark.parametrize("edit,match", [
@@ -159,7 +166,7 @@ def test_any_onnx_classifier_loads_as_its_own_graph(tmp_path):
                             torch.nn.Linear(16, 10)).eval()
     path = tmp_path / "mlp.onnx"
     torch.onnx.export(m, (torch.rand(1, 1, 8, 8),), str(path), dynamo=False, opset_version=17)
-    model, xte, yte, label = load_model(str(path))
+    model, xte, yte, label = load_model(str(path), data="digits")
     assert isinstance(model, certify.GraphModule) and model.image == (1, 8, 8) and model.classes == 10
     x = xte[:3].double()
     with torch.no_grad():

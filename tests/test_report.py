@@ -16,7 +16,7 @@ from softcert.cli.commands.report import QUICK, TINY
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    rc = softcert.cli.main(["report", "--tiny", "--out", str(out)])
+    rc = softcert.cli.main(["report", "--tiny", "--minilm", "--out", str(out)])  # MiniLM is opt-in
     assert rc == 0
     return out
 
@@ -41,7 +41,7 @@ def test_report_folder_complete(tiny_report):
     tex = (tiny_report / "report.tex").read_text()
     assert r"\toprule" in tex and r"\includegraphics" in tex and r"\section*{Appendix" in tex
     md = (tiny_report / "report.md").read_text()
-    assert "Regenerate: `softcert report --tiny --out" in md  # numbers beside their command (as typed)
+    assert "Regenerate: `softcert report --tiny --minilm --out" in md  # numbers beside their command (as typed)
 
 
 def test_quick_settings_run_every_stage_with_more_work():
@@ -94,11 +94,11 @@ def test_changed_number_without_new_digest_is_named(tiny_report):
 
 def test_bad_model_argument_errors(tmp_path, capsys):
     assert softcert.cli.main(["report", "--tiny", "--model", "no-such-model", "--out", str(tmp_path)]) == 2
-    assert "neither a file nor a zoo model" in capsys.readouterr().err
+    assert "no file, entry point or zoo model" in capsys.readouterr().err
     bad = tmp_path / "conv.pt"
     torch.save({"config": {"image": (1, 8, 8), "patch": 2, "dim": 16, "heads": 2, "mlp": 32, "depth": 1},
                 "state_dict": {"conv.weight": torch.zeros(2, 1, 3, 3)}}, bad)
-    assert softcert.cli.main(["report", "--tiny", "--model", str(bad), "--out", str(tmp_path)]) == 2
+    assert softcert.cli.main(["report", "--tiny", "--model", str(bad), "--data", "digits", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "unsupported layer 'conv.weight'" in err and "certify.ViT" in err
 
@@ -307,7 +307,7 @@ def test_report_data_option_errors_name_it(tmp_path, capsys):
     assert softcert.cli.main(["report", "--tiny", "--model", str(ckpt), "--data", str(bad), "--out", str(tmp_path)]) == 2
     assert "--data: y has dtype float64; labels must be integers" in capsys.readouterr().err
     assert softcert.cli.main(["report", "--tiny", "--model", str(ckpt), "--out", str(tmp_path)]) == 2
-    assert "pass your own test set with --data" in capsys.readouterr().err
+    assert "is your own model, so name its test set: --data FILE" in capsys.readouterr().err
 
 
 def test_unverified_exact_radius_is_recorded_without_a_claim(tmp_path, monkeypatch):
@@ -394,7 +394,7 @@ def test_tex_cites_every_method_run_and_uses_base_packages(tiny_report):
     for key in ("madry2018pgd", "clopper1934", "sao2026ghosts", "tzachristas2025topk", "blanchard2021softmax",
                 "shi2025genbab", "wang2020minilm"):
         assert key in references.cited(methods)
-    assert "cactus" in methods and "not run by this report" in methods  # branch-and-bound: said, not shown
+    assert "cactus" in methods and "was not run" in methods  # branch and bound: said how to get it
     assert "not implemented" not in methods  # it is (softcert bab); issue 32
     assert r"\bibliography{references}" in tex and r"\bibliographystyle{plain}" in tex
     # every citation resolves in the written .bib, and the .bib holds nothing uncited
@@ -467,9 +467,10 @@ def test_pdf_compiles_and_pages_render(tiny_report):
         assert sorted(tiny_report.glob("page-*.png"))  # look at them: docs/report/README.md
 
 
-def test_a_model_outside_the_vit_family_is_refused_by_name(tmp_path, capsys):
+def test_a_model_without_attention_is_refused_by_name(tmp_path, capsys):
     """An ONNX classifier that is not a certify.ViT crashed the report with an AttributeError
-    on its config (issue 32); it is refused by name, before any stage runs."""
+    on its config (issue 32). Any model with attention is reported now
+    (tests/test_cli_model_formats.py); one without is refused by name, before any stage runs."""
     from torch import nn
 
     from softcert import cli
@@ -477,7 +478,7 @@ def test_a_model_outside_the_vit_family_is_refused_by_name(tmp_path, capsys):
     m = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10)).eval()
     path = tmp_path / "mlp.onnx"
     torch.onnx.export(m, (torch.rand(1, 1, 8, 8),), str(path), dynamo=False, opset_version=17)
-    assert cli.main(["report", "--model", str(path), "--tiny", "--no-minilm", "--out", str(tmp_path / "rep")]) == 2
+    assert cli.main(["report", "--model", str(path), "--data", "digits", "--tiny", "--out", str(tmp_path / "rep")]) == 2
     err = capsys.readouterr().err
-    assert "not a certify.ViT-family model" in err and "softcert certify --model" in err
+    assert "model: no attention layer" in err and "Traceback" not in err
     assert not (tmp_path / "rep" / "results.json").exists()

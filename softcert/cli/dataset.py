@@ -45,23 +45,30 @@ from softcert.cli.store import load as load_store
 __all__ = ["Job", "RunResult", "add_arguments", "certify_sample", "load", "record_from_json", "record_to_json", "run",
            "validate_result"]
 
-_MODELS: dict = {}  # (spec, data) -> (model, x_test, y_test, label): one load per process
+_MODELS: dict = {}  # (spec, data, allow_pickle) -> (model, x_test, y_test, label): one load per process
 
 
-def load(spec: str, data: str | None = None):
-    """``softcert.cli.modelio.load_model(spec, data)``, cached for the life of the process."""
+def load(spec: str, data: str | None = None, allow_pickle: bool = False):
+    """``softcert.cli.modelio.load_model(spec, data, allow_pickle=...)``, cached for the life
+    of the process."""
     from softcert.cli.modelio import load_model
 
-    spec, data = _where(spec), _where(data)
-    hit = _MODELS.get((spec, data))
+    key = (_where(spec), _where(data), allow_pickle)
+    hit = _MODELS.get(key)
     if hit is None:
-        hit = _MODELS[(spec, data)] = load_model(spec, data=data)
+        hit = _MODELS[key] = load_model(key[0], data=key[1], allow_pickle=allow_pickle)
     return hit
 
 
 def _digest(spec):
-    path = Path(spec) if spec is not None else None
-    if path is None or not path.is_file():
+    """The content hash of the file a model or data spec reads (an entry point's .py file)."""
+    if spec is None:
+        return None
+    path = Path(spec)
+    if not path.is_file():
+        where = spec.rpartition(":")[0]
+        path = Path(where) if where.endswith(".py") else path
+    if not path.is_file():
         return None
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
@@ -79,6 +86,7 @@ class Job:
     data: str | None = None
     attack_steps: int = 40
     restarts: int = 2
+    allow_pickle: bool = False
 
     def __post_init__(self):
         if not self.models or not all(isinstance(m, str) for m in self.models):
@@ -194,7 +202,7 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
     (``task_seconds``, model loading and PGD included)."""
     start = time.perf_counter()
     torch.set_num_threads(1)
-    model, x, y, _ = load(spec, job.data)
+    model, x, y, _ = load(spec, job.data, job.allow_pickle)
     out = []
     for eps, methods in todo:
         # anything drawing from the global generator draws per image; the caller's state is kept
@@ -209,11 +217,17 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
 
 
 def _where(spec):
-    # a file spec travels to other processes as an absolute path (their cwd may differ)
+    # a file spec (an entry point's file too) travels to other processes as an absolute path
+    # (their cwd may differ)
     if spec is None:
         return None
     path = Path(spec)
-    return str(path.resolve()) if path.exists() else spec
+    if path.exists():
+        return str(path.resolve())
+    where, sep, function = spec.rpartition(":")
+    if sep and where.endswith(".py") and Path(where).is_file():
+        return f"{Path(where).resolve()}:{function}"
+    return spec
 
 
 def add_arguments(parser, default_store: str) -> None:
@@ -320,7 +334,7 @@ def run(job: Job, store_path, *, workers: int | None = None, scheduler: str | No
     if workers is not None or scheduler is not None:
         _distributed()  # before any work: a missing extra is an error at once
     # the first n images, or the whole test set when it is smaller (as x[:n] gives)
-    count = {spec: min(job.n, len(load(spec, job.data)[2])) for spec in job.models}
+    count = {spec: min(job.n, len(load(spec, job.data, job.allow_pickle)[2])) for spec in job.models}
     with Store(store_path, job.key(), resume=resume, validate=validate_result) as store:
         done = {(d.get("model"), d.get("index"), float(d.get("eps", "nan")), d.get("method"))
                 for d in store.records if d.get("kind") == "result"}

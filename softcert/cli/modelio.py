@@ -1,13 +1,12 @@
-"""Load the model a report is about: a zoo name, a saved state dict, or an ONNX file.
+"""Load the model and the test set a command measures: ``load_model(--model, --data)``.
 
-Supported family: ``certify.ViT`` (see certify/models.py). A state dict must come with its
-config, as certify.train writes it: ``{"config": model.config, "state_dict": ...}`` (the
-head count cannot be read off the tensor shapes).
-ONNX: every node must use an operator of ``ONNX_OPS`` (the operators the supported family
-exports to); otherwise a ValueError names the node, its operator and the supported set.
-The graph is then matched to a ViT by its weights and checked numerically (see load_onnx).
-Test data: the bundled split for 8x8 and 28x28 greyscale models, or the user's own set
-(``load_test_set``: .pt or .npz with x and y) for any image shape the model accepts.
+Models: every form of ``softcert.cli.model_formats`` (zoo names, ONNX, torch.export,
+entry points, checkpoints). An ONNX export of the ``certify.ViT`` family is matched to a ViT
+by its weights and checked numerically (``load_onnx``); any other ONNX graph of supported
+operators is read as a graph (``onnx_graph_module``).
+Test data: a zoo model's own bundled split, or ``--data``: the user's set (``load_test_set``:
+.pt or .npz with x and y) for any image shape the model accepts, or a bundled split by name
+(``BUNDLED``). A user's model without ``--data`` is an error.
 """
 from __future__ import annotations
 
@@ -19,72 +18,81 @@ import torch
 ONNX_OPS = ("Add", "Constant", "Gemm", "MatMul", "Mul", "Div", "Sub", "ReduceMean", "Relu",
             "Reshape", "Softmax", "Transpose", "Pow", "Sqrt", "LayerNormalization", "Concat",
             "Expand", "Identity", "ConstantOfShape", "Equal", "Where", "Gather")
-DATASETS = {(1, 28, 28): "mnist5k", (1, 8, 8): "digits"}
 
 
-def load_model(spec: str, data: str | None = None):
-    """(model, X_test, y_test, label) for a zoo name or a file path; ``data``: a test-set file
-    (see load_test_set) instead of the bundled split."""
+def load_model(spec: str, data: str | None = None, *, allow_pickle: bool = False):
+    """(model, X_test, y_test, label) for ``--model spec`` (any form of
+    ``softcert.cli.model_formats``) and ``--data data``: a test-set file (``load_test_set``) or
+    the name of a bundled split (``BUNDLED``). A zoo model without ``data`` is measured on its
+    own split; any other model needs ``data`` (never a silent fallback to bundled images)."""
     from softcert.certify import zoo
-    from softcert.certify.models import ViT
+    from softcert.cli import model_formats
 
-    path = Path(spec)
-    if not path.exists():
-        if spec in zoo.names():
-            model, xte, yte = zoo.load(spec)
-            if data is not None:
-                xte, yte = load_test_set(data, model.image, classes_of(model))
-            return model, xte, yte, f"zoo:{spec}"
-        raise ValueError(f"model: {spec!r} is neither a file nor a zoo model ({', '.join(zoo.names())})")
-    if path.suffix.lower() == ".onnx" or path.name.lower().endswith(".onnx.gz"):
-        try:
-            model = load_onnx(path)
-        except ValueError:
-            # not an export of the certify.ViT family: verify the ONNX graph itself
-            model = onnx_graph_module(path)
+    source = model_formats.parse(spec)
+    if source.kind == "zoo":
+        model, xte, yte = zoo.load(spec)
+        if data is not None:
+            xte, yte = test_set(data, model.image, classes_of(model))
+        return model, xte, yte, f"zoo:{spec}"
+    if data is None:
+        raise ValueError(f"--data: {spec} is your own model, so name its test set: --data FILE (.pt or .npz with "
+                         f"x in [0, 1] of shape (B, C, H, W) and integer labels y), or a bundled split "
+                         f"({', '.join(BUNDLED)}) if the model was trained for it")
+    if source.kind == "onnx":
+        model = _onnx(Path(spec))
     else:
-        try:
-            ckpt = torch.load(path, weights_only=True, map_location="cpu")
-        except Exception as exc:  # noqa: BLE001  (any unpickling error: report it plainly)
-            raise ValueError(f"model: cannot read {path} as a torch state dict ({type(exc).__name__})") from None
-        if not isinstance(ckpt, dict):
-            raise ValueError(f"model: {path} holds a {type(ckpt).__name__}, expected a state dict")
-        if "state_dict" in ckpt and "config" in ckpt:
-            cfg = dict(ckpt["config"])
-            sd = ckpt["state_dict"]
-        else:
-            sd, cfg = ckpt, None
-        if cfg is None:
-            raise ValueError("model: a bare state dict has no config (heads are not inferable); save "
-                             "{'config': model.config, 'state_dict': model.state_dict()}")
-        cfg["image"] = tuple(cfg["image"])
-        try:
-            model = ViT(**cfg)
-        except TypeError as exc:
-            raise ValueError(f"model: config does not describe a certify.ViT ({exc})") from None
-        extra = sorted(set(sd) - set(model.state_dict()))
-        if extra:
-            raise ValueError(f"model: unsupported layer {extra[0]!r} in the state dict; supported: "
-                             "certify.ViT (Linear, LayerNorm, ReLU, multi-head attention)")
-        missing = sorted(set(model.state_dict()) - set(sd))
-        if missing:
-            raise ValueError(f"model: state dict lacks {missing[0]!r} of the certify.ViT family")
-        try:
-            model.load_state_dict(sd)
-        except RuntimeError as exc:
-            raise ValueError(f"model: state dict does not fit the config: {str(exc)[:200]}") from None
+        model = model_formats.build(source, allow_pickle=allow_pickle)
     model.eval()
-    if data is not None:
-        xte, yte = load_test_set(data, model.image, classes_of(model))
-        return model, xte, yte, str(path)
-    ds = DATASETS.get(model.image)
-    if ds is None:
-        raise ValueError(f"model: no bundled test data for images of shape {model.image}; "
-                         f"bundled: {sorted(DATASETS)}; pass your own test set with --data")
-    from softcert.certify import data
+    xte, yte = test_set(data, getattr(model, "image", None), None)
+    _describe(model, xte, spec)
+    if int(yte.max()) >= classes_of(model):
+        raise ValueError(f"--data: y has labels in [{int(yte.min())}, {int(yte.max())}]; the model has "
+                         f"{classes_of(model)} classes (labels 0..{classes_of(model) - 1})")
+    return model, xte, yte, str(Path(spec)) if source.file is not None else spec
 
-    _, _, xte, yte = getattr(data, ds)()
-    return model, xte, yte, str(path)
+
+#: bundled test splits ``--data`` may name: name -> (image shape, loader in certify.data)
+BUNDLED = {"digits": ((1, 8, 8), "digits"), "mnist5k": ((1, 28, 28), "mnist5k")}
+
+
+def _onnx(path: Path):
+    try:
+        return load_onnx(path)
+    except ValueError:
+        # not an export of the certify.ViT family: verify the ONNX graph itself
+        return onnx_graph_module(path)
+
+
+def test_set(data: str, image: tuple | None, classes: int | None):
+    """(x, y) of ``--data``: a bundled split by name, else a file (``load_test_set``)."""
+    if data in BUNDLED and not Path(data).exists():
+        shape, loader = BUNDLED[data]
+        if image is not None and tuple(image) != shape:
+            raise ValueError(f"--data: the bundled split {data!r} has images {shape}; the model takes {tuple(image)}")
+        from softcert.certify import data as bundled
+
+        _, _, xte, yte = getattr(bundled, loader)()
+        return xte, yte
+    return load_test_set(data, image, classes)
+
+
+def _describe(model, x, spec) -> None:
+    """Give a loaded module the ``image`` and ``classes`` the commands read: the test set's
+    image shape, and the width of the logits of one image."""
+    from softcert import certify
+
+    if getattr(model, "image", None) is None:
+        model.image = tuple(x.shape[1:])
+    try:
+        with torch.no_grad():
+            out = certify.logits_of(model(x[:1]))
+    except Exception as exc:  # noqa: BLE001  (the user's model on the user's data: say which failed)
+        raise ValueError(f"--model {spec}: running it on one image of --data (shape {tuple(x[:1].shape)}) raised "
+                         f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    if out.dim() != 2 or out.shape[0] != 1:
+        raise ValueError(f"--model {spec}: expected logits (1, classes) for one image, got {tuple(out.shape)}")
+    if getattr(model, "classes", None) is None:
+        model.classes = int(out.shape[1])
 
 
 def _read_xy(path: Path):
@@ -118,10 +126,11 @@ def _read_xy(path: Path):
     raise ValueError(f"--data: expected a .pt or .npz file, got {path.name!r}")
 
 
-def load_test_set(path, image: tuple, classes: int):
+def load_test_set(path, image: tuple | None, classes: int | None):
     """(x float32 (B, C, H, W), y int64 (B,)) from a user's test set, validated.
 
-    x: floating-point images in the model's input domain [0, 1], shape (B,) + image; for a
+    x: floating-point images in the model's input domain [0, 1], shape (B,) + image (any
+    (B, C, H, W) when ``image`` is None: a model that takes what its data has); for a
     single-channel model (B, H, W) is accepted and given its channel axis. y: integer labels
     in [0, classes). Anything else raises ValueError naming --data, the key and what is wrong
     (integer images in [0, 255] must be divided by 255 first: nothing is rescaled silently).
@@ -136,15 +145,14 @@ def load_test_set(path, image: tuple, classes: int):
             raise ValueError(f"--data: {key} is a {type(v).__name__}, expected an array or tensor")
         arrays[key] = v
     x, y = arrays["x"], arrays["y"]
-    image = tuple(image)
     if x.dtype.kind != "f":
         raise ValueError(f"--data: x has dtype {x.dtype}; expected floating-point images in [0, 1] "
                          "(divide integer pixels by 255)")
-    if x.ndim == 3 and image[0] == 1:
+    if x.ndim == 3 and (image is None or image[0] == 1):
         x = x[:, None]  # (B, H, W) greyscale: add the channel axis
-    if x.ndim != 4 or x.shape[1:] != image or x.shape[0] < 1:
-        raise ValueError(f"--data: x has shape {tuple(arrays['x'].shape)}; the model takes images (B,) + {image} "
-                         "with B >= 1")
+    want = "(B, C, H, W)" if image is None else f"(B,) + {tuple(image)}"
+    if x.ndim != 4 or (image is not None and x.shape[1:] != tuple(image)) or x.shape[0] < 1:
+        raise ValueError(f"--data: x has shape {tuple(arrays['x'].shape)}; the model takes images {want} with B >= 1")
     if not np.all(np.isfinite(x)):
         raise ValueError("--data: x has non-finite values")
     lo, hi = float(x.min()), float(x.max())
@@ -154,7 +162,9 @@ def load_test_set(path, image: tuple, classes: int):
         raise ValueError(f"--data: y has dtype {y.dtype}; labels must be integers")
     if y.shape != (x.shape[0],):
         raise ValueError(f"--data: y has shape {tuple(y.shape)}; expected ({x.shape[0]},), one label per image")
-    if y.min() < 0 or y.max() >= classes:
+    if y.min() < 0:
+        raise ValueError(f"--data: y has a negative label {int(y.min())}; labels are 0..classes-1")
+    if classes is not None and y.max() >= classes:
         raise ValueError(f"--data: y has labels in [{int(y.min())}, {int(y.max())}]; the model has "
                          f"{classes} classes (labels 0..{classes - 1})")
     return torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.int64)
@@ -261,8 +271,10 @@ def check_onnx_ops(graph_proto) -> None:
 
 
 def classes_of(model) -> int:
-    """The number of logits of a loaded model (a certify.ViT or an ONNX graph module)."""
-    return model.head.out_features if hasattr(model, "head") else model.classes
+    """The number of logits of a loaded model (a certify.ViT, an ONNX graph module, or a
+    module given ``classes`` by ``load_model``)."""
+    classes = getattr(model, "classes", None)
+    return classes if isinstance(classes, int) else model.head.out_features
 
 
 def onnx_graph_module(path: Path):

@@ -83,8 +83,9 @@ def radii_figure(plt, rd):
     return fig
 
 
-def topk_figure(plt, tk):
-    key = "minilm" if "minilm" in tk else "model"
+def topk_figure(plt, tk, name="model"):
+    """The model's own heads (MiniLM's are in the tables when asked for)."""
+    key = "model"
     e = "0.01" if "0.01" in tk[key] else next(iter(tk[key]))
     frac = np.array(tk[key][e]["mean_k"]) / np.array(tk[key][e]["mean_n"])
     L, H = frac.shape
@@ -95,8 +96,41 @@ def topk_figure(plt, tk):
     ax.set_yticks(range(L), [str(li) for li in range(L)])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(f"{'MiniLM' if key == 'minilm' else 'model'}: mean certified k / n at ε = {e}")
+    ax.set_title(f"{name}: mean certified k / n at ε = {e}")
+    if L * H <= 48:  # few cells: the values themselves
+        for (li, h), v in np.ndenumerate(frac):
+            ax.text(h, li, f"{v:.2f}", ha="center", va="center", color="black" if v > 0.5 else "white", fontsize=7)
     fig.colorbar(im, ax=ax, label="k / n")
+    return fig
+
+
+def model_name(res) -> str:
+    """The model as a reader knows it: the zoo name, the file name, or the entry point."""
+    spec = res["model"]["spec"]
+    if spec.startswith("zoo:"):
+        return spec[len("zoo:"):]
+    where, sep, function = spec.rpartition(":")
+    if sep and where.endswith(".py"):
+        return f"{Path(where).name}:{function}"
+    return Path(spec).name or spec
+
+
+def cactus_figure(plt, rows):
+    """Branch and bound, VNN-COMP style: images with a verdict (certified or falsified)
+    against the time each took, per eps and method."""
+    fig, ax = style.figure(plt, "single")
+    for gi, r in enumerate(rows):
+        done = sorted(t for t, s in zip(r["seconds"], r["status"]) if s != "unknown")
+        ax.step(done, range(1, len(done) + 1), where="post", color=style.colour(gi), marker=style.marker(gi),
+                label=f"{r['method']}, ε = {r['eps']:g}")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("seconds per image")
+    ax.set_ylabel(f"images decided (of {rows[0]['n']})")
+    ax.set_xlim(left=0)
+    ax.set_ylim(0, rows[0]["n"] + 0.5)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="best")
     return fig
 
 
@@ -114,8 +148,11 @@ def fp_figure(plt, fpr):
     # a measured error of 0 has no place on a log axis: drawn at the floor, said in the legend
     floor = 1e-3 if log else 0.0
     zero = log and any(m["max_measured_u"] < floor for m in ms)
-    ax.plot([m["n"] for m in ms], [max(m["max_measured_u"], floor) for m in ms], linestyle="none", marker="x",
-            color="#000000", label="measured three-pass, max" + (f" (0 drawn at {floor:g})" if zero else ""))
+    for si, source in enumerate(dict.fromkeys(m["source"] for m in ms)):  # the model's rows, MiniLM's
+        mine = [m for m in ms if m["source"] == source]
+        ax.plot([m["n"] for m in mine], [max(m["max_measured_u"], floor) for m in mine], linestyle="none",
+                marker="x+"[si % 2], color="#000000",
+                label=f"measured, {'MiniLM' if source == 'minilm' else 'model'}" + (f" (0 at {floor:g})" if zero else ""))
     if log:
         style.log_axis(ax, "y", [r["rel_in_u"] for r in fpr["table"]] + [max(m["max_measured_u"], floor) for m in ms])
     else:
@@ -136,7 +173,9 @@ def figures(out: Path, res: dict) -> dict:
     return {"certified_accuracy": save_figure(certified_accuracy_figure(plt, res["certify"]["rows"]), out,
                                               "certified_accuracy", layout=False),
             "radii": save_figure(radii_figure(plt, res["radii"]), out, "radii"),
-            "topk_heatmap": save_figure(topk_figure(plt, res["topk"]), out, "topk_heatmap"),
+            "topk_heatmap": save_figure(topk_figure(plt, res["topk"], model_name(res)), out, "topk_heatmap"),
+            **({"bab_cactus": save_figure(cactus_figure(plt, res["certify"]["bab"]), out, "bab_cactus")}
+               if res["certify"].get("bab") else {}),
             "fp_bounds": save_figure(fp_figure(plt, res["fp"]), out, "fp_bounds", layout=False)}
 
 
@@ -204,14 +243,22 @@ def model_rows(res) -> list[list[str]]:
     def get(k):
         return "–" if cfg.get(k) is None else str(cfg[k])
 
-    return [["model", m["spec"]], ["layers (transformer blocks)", get("depth")], ["width (embedding dim)", get("dim")],
-            ["attention heads per layer", get("heads")], ["MLP width", get("mlp")], ["patch size", get("patch")],
-            ["classes", get("classes")], ["layer norm", get("layer_norm")], ["pooling", get("pool")],
+    arch = [["architecture", get("architecture")], ["layers (attention layers)", get("depth")],
+            ["width (embedding dim)", get("dim")], ["attention heads per layer", get("heads")],
+            ["tokens per attention row", get("tokens")], ["MLP width", get("mlp")], ["patch size", get("patch")],
+            ["classes", get("classes")], ["layer norm", get("layer_norm")], ["pooling", get("pool")]]
+    # a user's own architecture has no ViT fields: only what was read off its attention is shown
+    return [["model", model_name(res)], *[r for r in arch if r[1] != "–"],
             ["parameters", f"{m['parameters']:,}"],
             ["input domain", f"images of shape {shape}, pixels in [0, 1]; perturbations: L∞ ball of radius ε, "
                              "clipped to [0, 1]"],
             ["evaluated split", f"first {first['n']} images of the {m.get('data', 'test split')}"],
             ["clean accuracy (95 % CI)", f"{_kn(first['clean_k'], first['n'])} {_ci(first['clean_ci'])}"]]
+
+
+def _median_decided(r) -> str:
+    done = sorted(t for t, s in zip(r["seconds"], r["status"]) if s != "unknown")
+    return f"{float(np.median(done)):.2g}" if done else "–"
 
 
 def tables(res) -> dict:
@@ -228,6 +275,12 @@ def tables(res) -> dict:
                     [[_f(r["eps"]), r["method"], _kn(r["certified_k"], r["n"]), _ci(r["certified_ci"]),
                       _kn(r["pgd_k"], r["n"]), _ci(r["pgd_ci"]), _f(r["mean_lower_margin"]),
                       f"{r['seconds_per_image']:.2g}"] for r in rows])
+    bab = res["certify"].get("bab") or []
+    if bab:
+        T["bab"] = (f"Branch and bound per image within {bab[0]['timeout']:g} s: verdict counts and the median seconds "
+                    "of the decided images", ["ε", "method", "certified", "falsified", "unknown", "median s (decided)"],
+                    [[_f(r["eps"]), r["method"], str(r["certified"]), str(r["falsified"]), str(r["unknown"]),
+                      _median_decided(r)] for r in bab])
     rd = res["radii"]
     T["radii"] = ("Taylor radii along the descent direction (exact: argument principle; top-2 is an estimate, not a bound)",
                   ["image", "root lower bound", "exact radius", "top-2 estimate"],
@@ -317,9 +370,16 @@ def tex_table(caption, header, rows, label=None, size=r"\small"):
 
 # ----------------------------------------------------------------------------- methods text
 _CITE = "CITE<{}>"
-BAB_NOTE = ("Branch-and-bound for general nonlinearities CITE<shi2025genbab> (softcert bab: certified, falsified "
-            "or unknown per image under a time budget) is not run by this report, so it has no branch-and-bound "
-            "verdict counts and no time-to-verdict (cactus) plot; `softcert bab` produces both (docs/certify/bab.md).")
+def bab_sentence(res) -> str:
+    """What the report says of branch and bound: its runs, or how to get them."""
+    rows = res["certify"].get("bab") or []
+    if not rows:
+        return ("Branch and bound for general nonlinearities CITE<shi2025genbab> was not run (add bab to --methods, "
+                "with a --timeout per image, for certified / falsified / unknown verdicts and a cactus plot).")
+    methods = ", ".join(dict.fromkeys(r["method"] for r in rows))
+    return (f"Branch and bound for general nonlinearities CITE<shi2025genbab> ({methods}) decides each image as "
+            f"certified, falsified or unknown within {rows[0]['timeout']:g} s; its certificates are checked against "
+            "the same PGD attack.")
 
 
 def methods_sentences(res, st) -> list[str]:
@@ -352,7 +412,7 @@ def methods_sentences(res, st) -> list[str]:
            + (" (online: CITE<milakov2018online>)" if "online" in st.fp_algorithms else "") + ".",
            "Stability thresholds of the iterated attention p ← softmax(βWp) are softcert's own "
            "(analysis.feedback).",
-           BAB_NOTE]
+           bab_sentence(res)]
     return out
 
 
@@ -384,18 +444,39 @@ FIGURE_CAPTIONS = {
                           "named together in the legend.",
     "radii": "Per-image lower bounds on the Taylor radius of the loss along −∇L (histograms) and the exact radii "
              "of the closest images (×).",
-    "topk_heatmap": "Mean certified k / n per layer and head.",
+    "topk_heatmap": "Mean certified k / n per layer and head of the model's attention.",
+    "bab_cactus": "Branch and bound: images decided (certified or falsified) against the seconds each took, per "
+                  "method and ε (VNN-COMP style); undecided images are not drawn.",
     "fp_bounds": "FP32 softmax error bounds per algorithm at the models' sequence lengths (markers: evaluated "
-                 "lengths) and the largest measured three-pass error.",
+                 "lengths) and the largest measured three-pass error on each model's own score rows.",
 }
+
+
+def _of_heads(k, n) -> str:
+    return f"{k} of {n} head{'s' if n != 1 else ''} {'is' if k == 1 else 'are'}"
+
+
+def failed_lines(res) -> list[str]:
+    """Why a method has no bound: the methods that raised on the model (not in the table) and
+    the notes of rows whose bounds failed (e.g. an operator a baseline does not support)."""
+    failed = res["certify"].get("failed") or []
+    notes = {r["method"]: r["note"] for r in res["certify"]["rows"] if r.get("note")}
+    lines = [f"- {f['method']}: failed on this model, not in the table ({f['error']})" for f in failed]
+    lines += [f"- {m}: {note}" for m, note in notes.items()]
+    return ["Notes on the methods:", "", *lines, ""] if lines else []
+
+
+def bab_lines(res, T) -> list[str]:
+    if "bab" not in T:
+        return []
+    return ["### Branch and bound", "", T["bab"][0] + ".", "", md_table(*T["bab"][1:]), "",
+            "![bab cactus](bab_cactus.png)", "", FIGURE_CAPTIONS["bab_cactus"], ""]
 
 
 def _wide(stem, res) -> bool:
     if stem != "topk_heatmap":
         return False
-    tk = res["topk"]
-    key = "minilm" if "minilm" in tk else "model"
-    return len(next(iter(tk[key].values()))["mean_k"][0]) > 6
+    return len(next(iter(res["topk"]["model"].values()))["mean_k"][0]) > 6
 
 
 def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
@@ -424,8 +505,8 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
           "margin), from which `softcert check` re-derives this table, its counts and its intervals. The "
           "Vertex-Softmax records hold a score box, coefficients c and the bound of c·softmax(s) for sampled "
           "attention rows.", "",
-          md_table(*T["certify"][1:]), "", "![certified accuracy](certified_accuracy.png)", "",
-          FIGURE_CAPTIONS["certified_accuracy"], "",
+          md_table(*T["certify"][1:]), "", *failed_lines(res), "![certified accuracy](certified_accuracy.png)", "",
+          FIGURE_CAPTIONS["certified_accuracy"], "", *bab_lines(res, T),
           "## 2. Taylor radii of the loss along the gradient", "",
           f"Direction: {rd['direction']}; {rd['images']} images, loss {rd['loss']:.4f}, ‖∇L‖ = {rd['grad_norm']:.4g}. "
           f"Batch radius ρ_a = π/max Δ_a = {rd['rho_batch_pi']:.4g} (root bound: {rd['rho_batch_root']:.4g}); "
@@ -438,7 +519,7 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
           md_table(*T["topk"][1:]), "", "![top-k heatmap](topk_heatmap.png)", "", FIGURE_CAPTIONS["topk_heatmap"], "",
           "## 4. FP32 softmax error bounds at the models' sequence lengths", "",
           f"Bounds from `analysis.fp.error_bound` (widened by a relative {res['fp']['widen']:g}, see the notes); "
-          "measured errors from `kernels.fp_rows` on the actual score rows.", "",
+          "measured errors of the three-pass float32 softmax on the actual score rows, against a float64 reference.", "",
           md_table(*T["fp"][1:]), "", md_table(*T["fp_measured"][1:]), "", "![fp bounds](fp_bounds.png)", "",
           FIGURE_CAPTIONS["fp_bounds"], "",
           "## 5. Feedback stability thresholds", "", f"System: {fb['system']}.", "",
@@ -458,8 +539,8 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
           "the formula at 40 digits.",
           "- Feedback: the heads' iterated attention is a model of the feedback system (Hopfield-style retrieval), "
           "not a computation the classifier performs; at β = 1, "
-          f"{sum(r['unique_at_1'] for r in fb['rows'] if r['case'].startswith('layer'))} of "
-          f"{sum(r['case'].startswith('layer') for r in fb['rows'])} heads are certified contractive.",
+          f"{_of_heads(sum(r['unique_at_1'] for r in fb['rows'] if r['case'].startswith('layer')), sum(r['case'].startswith('layer') for r in fb['rows']))} "
+          "certified contractive.",
           "- pdflatex: " + ("used when installed; " if shutil.which("pdflatex") else "not installed here, so report.tex "
                            "was written but not compiled; ") + "report.tex uses geometry, booktabs, graphicx, "
           "amsmath, amssymb and hyperref, and cites references.bib.", "",
@@ -477,8 +558,9 @@ def write_all(out: Path, res, records, ders, cmd, timer, t_all, st):
            r"\noindent Regenerate: \verb|" + cmd + "|.", "",
            tex_table(*T["model"], label="model"), "",
            r"\section*{Methods}", methods_tex, ""]
-    for key, fig in (("certify", "certified_accuracy"), ("radii", "radii"), ("topk", "topk_heatmap"),
-                     ("fp", "fp_bounds"), ("fp_measured", None), ("feedback", None)):
+    for key, fig in (("certify", "certified_accuracy"), *((("bab", "bab_cactus"),) if "bab" in T else ()),
+                     ("radii", "radii"), ("topk", "topk_heatmap"), ("fp", "fp_bounds"), ("fp_measured", None),
+                     ("feedback", None)):
         tex.append(tex_table(*T[key], label=key))
         if fig:
             width = r"width=\linewidth" if _wide(fig, res) else r"width=3.3in"

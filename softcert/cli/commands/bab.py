@@ -8,6 +8,7 @@ with every relaxation; bab without and with Vertex-Softmax leaves), the bab verd
 lirpa-alpha-crown's certified count and time per sample. Every bab certificate is checked
 against PGD (a certified image PGD breaks raises SoundnessError). Writes bab.md, bab.json and
 bab_cactus.png (samples with a verdict vs time per sample, per method, VNN-COMP style).
+Models: every ``--model`` form of softcert.cli.model_formats (the user's own with ``--data``).
 """
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ from pathlib import Path
 import torch
 
 from softcert import certify
-from softcert.certify import zoo
 from softcert.certify.options import ROOT_INTERMEDIATE, BabOptions
-from softcert.cli import common, style
+from softcert.cli import common, dataset, model_formats, style
 
 #: the ingredients table: column -> method. "alpha-crown-relu" and "alpha-crown" name the
 #: same registered method until certify.METHODS has a ReLU-only variant of its own
@@ -36,7 +36,7 @@ def _registered(column):
 
 
 def configure(parser):
-    parser.add_argument("--model", nargs="+", default=["mnist-vit1"], help="zoo names (certify.zoo.names())")
+    model_formats.add_arguments(parser, "mnist-vit1")
     parser.add_argument("--eps", nargs="+", type=float, default=[0.005, 0.01, 0.02])
     parser.add_argument("--n", type=int, default=24, help="first n test images")
     parser.add_argument("--timeout", type=float, default=60.0, help="bab budget per sample, seconds")
@@ -78,7 +78,8 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = common.command_line(args, "bab", [
-        ("--model", args.model), ("--eps", args.eps), ("--n", args.n), ("--timeout", args.timeout),
+        ("--model", args.model), ("--data", args.data), ("--allow-pickle", args.allow_pickle), ("--eps", args.eps),
+        ("--n", args.n), ("--timeout", args.timeout),
         ("--methods", args.methods), ("--softmax", args.softmax), ("--intermediate", args.intermediate),
         ("--out", args.out)])
     rows, commands = [], [command]
@@ -87,6 +88,8 @@ def run(args) -> int:
         commands = [c for c in old.get("commands", [old.get("command")]) if c and c != command] + [command]
         new = {(m, e) for m in args.model for e in args.eps}
         rows = [r for r in old["rows"] if (r["model"], r["eps"]) not in new]
+    for name in args.model:  # every model and its data load (or fail, by name) before the bar starts
+        dataset.load(name, args.data, args.allow_pickle)
     bar = common.progress(total=len(args.model) * len(args.eps) * len(args.methods), desc="bab", unit="run")
     with certify.softmax_form(args.softmax):
         _runs(args, out, rows, commands, bar)
@@ -96,7 +99,7 @@ def run(args) -> int:
 
 def _runs(args, out, rows, commands, bar):
     for name in args.model:
-        model, xte, yte = zoo.load(name)
+        model, xte, yte, _ = dataset.load(name, args.data, args.allow_pickle)
         x, y = xte[: args.n].to(torch.float64), yte[: args.n]
         for eps in args.eps:
             att = certify.attack(model, x, y, eps)

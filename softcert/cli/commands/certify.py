@@ -1,5 +1,5 @@
-"""``softcert certify``: certified-accuracy tables (Markdown + JSON + PNG) for zoo models,
-checkpoints and ONNX files.
+"""``softcert certify``: certified-accuracy tables (Markdown + JSON + PNG) for zoo models and
+the user's own (every ``--model`` form of softcert.cli.model_formats, with ``--data``).
 
 For each model: ``certify.evaluate`` over the radii and methods on the first n test
 images (PGD, every method, and the cross-check: no certified image may be falsified and no
@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from softcert import certify
-from softcert.cli import common, dataset
+from softcert.cli import common, dataset, model_formats
 
 DEFAULT_METHODS = ["ibp", "crown", "alpha-crown", "vertex", "lirpa-ibp", "lirpa-crown"]
 
 
 def configure(parser):
-    parser.add_argument("--model", nargs="+", default=["mnist-vit1"], help="zoo names (certify.zoo.names()), checkpoints (.pt) or ONNX files (.onnx, any graph of supported operators)")
+    model_formats.add_arguments(parser, "mnist-vit1")
     parser.add_argument("--eps", nargs="+", type=float, default=[0.005, 0.01, 0.02])
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, metavar="METHOD",
                         help=f"bound-only methods of certify.METHODS: {', '.join(m for m, x in certify.METHODS.items() if not x.complete)}")
@@ -32,23 +32,26 @@ def configure(parser):
 def run(args) -> int:
     torch.set_num_threads(1)
     out = Path(args.out)
-    job = dataset.Job(tuple(args.model), tuple(args.eps), tuple(args.methods), args.n)
+    job = dataset.Job(tuple(args.model), tuple(args.eps), tuple(args.methods), args.n, data=args.data,
+                      allow_pickle=args.allow_pickle)
+    for name in args.model:  # every model and its data load (or fail, by name) before the bar starts
+        dataset.load(name, args.data, args.allow_pickle)
     out.mkdir(parents=True, exist_ok=True)
     command = common.command_line(args, "certify", [
-        ("--model", args.model), ("--eps", args.eps), ("--methods", args.methods),
-        ("--n", args.n), ("--out", args.out), ("--workers", args.workers), ("--scheduler", args.scheduler),
+        ("--model", args.model), ("--data", args.data), ("--allow-pickle", args.allow_pickle), ("--eps", args.eps),
+        ("--methods", args.methods), ("--n", args.n), ("--out", args.out), ("--workers", args.workers), ("--scheduler", args.scheduler),
         ("--store", args.store), ("--resume", args.resume)])
     # attack -> verify -> cross-check per image; a PGD-contradicted certificate raises SoundnessError
     res = dataset.run(job, Path(args.store) if args.store else out / "store.jsonl", workers=args.workers,
                       scheduler=args.scheduler, resume=args.resume)
     rows = []
     for name in args.model:
-        model, xte, yte, _ = dataset.load(name)
+        model, xte, yte, _ = dataset.load(name, args.data, args.allow_pickle)
         with torch.no_grad():
             full_acc = (certify.logits_of(model(xte)).argmax(1) == yte).float().mean().item()
         ev = res.evaluations[name]
         rows += [_row(name, ev, eps, meth, full_acc) for eps in ev.eps for meth in ev.methods]
-    _write(out, rows, command)
+    _write(out, rows, command, args.data)
     print(f"softcert certify: {res.ran} images computed, {res.skipped} taken from {res.store} ({res.mode})")
     return 0
 
@@ -91,9 +94,15 @@ def _g(v):
     return "–" if v is None else f"{v:.4g}"
 
 
-def _write(out, rows, command):
-    common.write_json(out / "results.json", {"command": command, "rows": rows})
-    lines = ["# Certified accuracy of the zoo models", "",
+def _title(rows, data) -> str:
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    named = ", ".join(Path(m).name if Path(m).exists() else m for m in models)
+    return f"# Certified accuracy of {named}" + (f" on {Path(data).name}" if data else "")
+
+
+def _write(out, rows, command, data=None):
+    common.write_json(out / "results.json", {"command": command, "data": data, "rows": rows})
+    lines = [_title(rows, data), "",
              f"Regenerate: `{command}` (1 CPU thread). Ball: L∞ radius eps clipped to [0, 1]; the first n",
              "test images; certified / PGD-robust accuracy count misclassified images as failures; the",
              "mean lower margin is over correctly classified images of min_{j≠y} (certified lower bound of",
@@ -128,7 +137,7 @@ def _write(out, rows, command):
             ax.plot([r["eps"] for r in rs], [r["certified_acc"] for r in rs], marker="o", label=meth)
         rs = [r for r in rows if r["model"] == model and r["method"] == rows[0]["method"]]
         ax.plot([r["eps"] for r in rs], [r["pgd_acc"] for r in rs], "k--", label="PGD (upper)")
-        ax.set_title(model)
+        ax.set_title(Path(model).name if Path(model).exists() else model)
         ax.set_xlabel("eps")
         ax.set_ylabel("certified accuracy")
     axes[0][0].legend(fontsize=7)

@@ -21,7 +21,9 @@ Test data: the bundled split, or ``--data`` (softcert.cli.modelio.load_test_set)
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -60,20 +62,23 @@ TINY = Settings("tiny", 2, (0.02,), ("ibp", "crown", "vertex"), 2, 16, 2, 2, (0.
 
 
 def configure(parser) -> None:
-    parser.add_argument("--model", default="digits-vit1",
-                        help="zoo name (certify.zoo.names()), a saved checkpoint {'config','state_dict'} "
-                             "or an ONNX file of the certify.ViT family (default: digits-vit1)")
-    parser.add_argument("--data", default=None,
-                        help="your test set: a .pt file (dict or tuple with x and y) or an .npz file (arrays x, y); "
-                             "x: float images (B, C, H, W) in [0, 1] of the model's input shape, y: integer labels "
-                             "(default: the bundled test split for 8x8 and 28x28 greyscale models)")
+    from softcert.cli import dataset, model_formats
+
+    model_formats.add_arguments(parser, "digits-vit1", many=False)
     parser.add_argument("--out", default="report", help="output folder")
     parser.add_argument("--quick", action="store_true", help="few images, fast methods (2-4 min on 2 cores)")
     parser.add_argument("--tiny", action="store_true", help=argparse_suppress())
-    parser.add_argument("--no-minilm", action="store_true",
-                        help="skip the MiniLM attention tensors (top-k/FP on the model only)")
-    from softcert.cli import dataset
-
+    parser.add_argument("--n", type=int, default=None, help="test images certified (default: 10; --quick 6)")
+    parser.add_argument("--eps", nargs="+", type=float, default=None,
+                        help="L-infinity radii (default: 0.01 0.02 0.03; --quick 0.01 0.03)")
+    parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                        help="certify.METHODS to compare; bab and bab-vertex run per image within --timeout "
+                             "(default: every bound-only method; --quick ibp crown vertex)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds per image for bab / bab-vertex (default: 30)")
+    parser.add_argument("--minilm", action="store_true",
+                        help="also measure top-k and FP bounds on the bundled MiniLM sentence model's attention")
+    parser.add_argument("--no-minilm", action="store_true", help=argparse_suppress())  # the default since 2026-12-05
     dataset.add_arguments(parser, "OUT/certify-store.jsonl")  # the certify stage runs image by image
 
 
@@ -189,6 +194,34 @@ def _vertex_records(model, xb, eps, n_rows, rng, records):
             id=f"vertex/eps={eps}/head{h}/query{q}/{r}", kind="vertex", what=what,
             c=c.tolist(), lower=lo.tolist(), upper=hi.tolist(),
             min=float(vb.lower), max=float(vb.upper))))
+
+
+def stage_bab(model, x, y, st: Settings, methods, timeout, ev) -> list:
+    """Branch and bound (``certify.verify(..., "bab")``) per eps and complete method on the
+    certify stage's images, ``timeout`` seconds per image: per image its status (certified /
+    falsified / unknown), seconds and leaves. A bab certificate for an image that the certify
+    stage's PGD broke raises SoundnessError."""
+    from softcert.certify.options import BabOptions
+
+    rows = []
+    if not methods:
+        return rows
+    bar = _bar(len(st.eps) * len(methods), "bab")
+    for eps in st.eps:
+        broken = {r.index for r in ev.records if r.eps == eps and r.correct and not r.robust}
+        for meth in methods:
+            bar.set_postfix_str(f"eps={eps} {meth}")
+            r = certify.verify(model, x.double(), y, eps, meth, options=BabOptions(timeout=timeout))
+            status = list(r.status)
+            for b in broken:
+                if status[b] == "certified":
+                    raise certify.SoundnessError(f"bab: image {b} certified at eps {eps}, but PGD falsified it")
+            rows.append(dict(eps=eps, method=meth, n=len(y), timeout=timeout, status=status,
+                             seconds=[v.seconds for v in r.verdicts], leaves=[v.leaves for v in r.verdicts],
+                             **{k: int(v) for k, v in r.counts().items()}))
+            bar.update(1)
+    bar.close()
+    return rows
 
 
 # ----------------------------------------------------------------------------- 2. radii
@@ -378,14 +411,22 @@ def stage_feedback(kq, records: list):
 
 # ----------------------------------------------------------------------------- inputs
 def model_file(spec: str) -> tuple:
-    """(the file ``modelio.load_model(spec)`` reads, zoo name or None): a path that exists is
-    that file; any other spec is a zoo name, read from its checkpoint certify/zoo/NAME.pt."""
-    path = Path(spec)
-    if path.exists():
-        return path.resolve(), None
-    from softcert.certify.train import ZOO_DIR
+    """(the file whose content decides the model, zoo name or None): the file ``spec`` names
+    (an entry point's .py file; an installed module's source), or a zoo model's checkpoint
+    certify/zoo/NAME.pt."""
+    import importlib.util
 
-    return ZOO_DIR / f"{spec}.pt", spec
+    from softcert.cli import model_formats
+
+    source = model_formats.parse(spec)
+    if source.kind == "zoo":
+        from softcert.certify.train import ZOO_DIR
+
+        return ZOO_DIR / f"{spec}.pt", spec
+    if source.file is not None:
+        return source.file.resolve(), None
+    found = importlib.util.find_spec(source.target)  # an entry point in an installed module
+    return Path(found.origin).resolve(), None
 
 
 def inputs_of(spec: str, data: str | None, xte, yte, n: int) -> dict:
@@ -401,20 +442,76 @@ def inputs_of(spec: str, data: str | None, xte, yte, n: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- driver
-def _require_vit_family(model, spec) -> None:
-    """The report's tables, figures and checks read the certify.ViT family's config (depth,
-    heads, image, ...); another model is refused by name, never with a traceback mid-run."""
-    if not isinstance(getattr(model, "config", None), dict):
-        raise ValueError(
-            f"--model: {spec} is read as a {type(model).__name__}, not a certify.ViT-family model "
-            "(its config names depth, heads and image size, which the report's tables and checks "
-            "use); certify it with `softcert certify --model` or certify.verify instead")
+def model_config(model, att) -> dict:
+    """results.json["model"]["config"]: a certify.ViT's own config, else what the report's
+    sections read off the traced attention (``att``: ``certify.attention_scores``): its
+    layers (depth) and heads, the image shape and the class count."""
+    from softcert.cli.modelio import classes_of
+
+    cfg = getattr(model, "config", None)
+    if isinstance(cfg, dict):
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
+    s = att.scores
+    return {"architecture": type(model).__name__, "image": list(model.image), "classes": classes_of(model),
+            "depth": int(s.shape[1]), "heads": math.prod(s.shape[2:-2]), "tokens": int(s.shape[-1])}
+
+
+def preflight(model, x, y, methods) -> tuple:
+    """(the methods that bound one image, {method: why} for those that raise): a baseline
+    that cannot handle the model becomes a row saying why, never an aborted report."""
+    ran, failed = [], {}
+    for m in methods:
+        if certify.METHODS[m].complete:
+            ran.append(m)  # bab runs per image in its own stage, with its own failures
+            continue
+        try:
+            certify.verify(model, x[:1], y[:1], 1e-3, method=m)
+        except certify.SoundnessError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (a baseline's own bug: reported in the table)
+            failed[m] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            continue
+        ran.append(m)
+    return tuple(ran), failed
+
+
+@contextlib.contextmanager
+def _mha_fastpath(enabled: bool):
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
 
 
 def settings_for(args) -> Settings:
-    if args.tiny:
-        return TINY
-    return QUICK if args.quick else FULL
+    """The preset (--tiny, --quick, else full) with --n, --eps and --methods put in."""
+    import dataclasses
+
+    st = TINY if args.tiny else QUICK if args.quick else FULL
+    if args.n is not None:
+        if isinstance(args.n, bool) or args.n < 1:
+            raise ValueError(f"--n: must be an integer >= 1, got {args.n!r}")
+        st = dataclasses.replace(st, n_images=args.n)
+    if args.eps is not None:
+        from softcert.certify.spec import check_eps
+
+        for e in args.eps:
+            try:
+                check_eps(e)
+            except ValueError as exc:
+                raise ValueError(f"--eps: {exc}") from None
+        st = dataclasses.replace(st, eps=tuple(args.eps))
+    if args.methods is not None:
+        unknown = [m for m in args.methods if m not in certify.METHODS]
+        if unknown or not args.methods:
+            raise ValueError(f"--methods: unknown {', '.join(map(repr, unknown)) or '(none given)'}; "
+                             f"choose from {', '.join(certify.METHODS)}")
+        st = dataclasses.replace(st, methods=tuple(dict.fromkeys(args.methods)))
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout!r}")
+    return st
 
 
 def run(args) -> int:
@@ -429,27 +526,33 @@ def run(args) -> int:
     timer = Timer()
     t_all = time.perf_counter()
     with timer("load"):
-        model, xte, yte, label = load_model(args.model, data=args.data)
-        _require_vit_family(model, args.model)
+        model, xte, yte, label = load_model(args.model, data=args.data, allow_pickle=args.allow_pickle)
         x, y = xte[: max(st.n_images, st.radius_images)], yte[: max(st.n_images, st.radius_images)]
-        minilm = None if args.no_minilm else load_minilm(st)
+        att = certify.attention_scores(model, x[: max(8, st.n_images)])
+        methods, failed = preflight(model, x, y, st.methods)
+        st = dataclasses.replace(st, methods=tuple(m for m in methods if not certify.METHODS[m].complete))
+        complete = tuple(m for m in methods if certify.METHODS[m].complete)
+        minilm = load_minilm(st) if args.minilm and not args.no_minilm else None
     torch.set_num_threads(1)  # loading transformers may have reset it
     out.mkdir(parents=True, exist_ok=True)
     records: list = []
-    res = {"model": {"spec": label, "data": "bundled test split" if args.data is None else str(args.data), "config": {k: list(v) if isinstance(v, tuple) else v
-                                                for k, v in model.config.items()},
-                     "parameters": sum(p.numel() for p in model.parameters())},
+    res = {"model": {"spec": label, "data": "bundled test split" if args.data is None else str(args.data),
+                     "config": model_config(model, att), "parameters": sum(p.numel() for p in model.parameters())},
            "settings": asdict(st)}
     with timer("certify"):
         # image by image into the results store (in this process, or on Dask with --workers/--scheduler)
-        job = dataset.Job((args.model,), st.eps, st.methods, st.n_images, data=args.data)
+        job = dataset.Job((args.model,), st.eps, st.methods, st.n_images, data=args.data,
+                          allow_pickle=args.allow_pickle)
         ev = dataset.run(job, Path(args.store) if args.store else out / "certify-store.jsonl",
                          workers=args.workers, scheduler=args.scheduler, resume=args.resume).evaluations[args.model]
         res["certify"] = stage_certify(model, x[: st.n_images], y[: st.n_images], st, records, ev=ev)
+        res["certify"]["failed"] = [{"method": m, "error": why} for m, why in failed.items()]
+        res["certify"]["bab"] = stage_bab(model, x[: st.n_images], y[: st.n_images], st, complete, args.timeout, ev)
         res["inputs"] = inputs_of(args.model, args.data, xte, yte, res["certify"]["images"])
-    with timer("radii"):
+    with timer("radii"), _mha_fastpath(False):
+        # nn.MultiheadAttention's inference fast path (one fused kernel) has no forward-mode AD,
+        # which the radii's JVP needs; the composite path computes the same function
         res["radii"] = stage_radii(model, x, y, st, records)
-    att = certify.attention_scores(model, x[: max(8, st.n_images)])
     vit_scores, kq = att.scores, att.keys_by_queries
     with timer("topk"):
         res["topk"] = stage_topk(vit_scores, minilm, st, records)
@@ -463,8 +566,9 @@ def run(args) -> int:
     with timer("render"):
         cmd = common.command_line(args, "report", [
             ("--model", None if args.model == "digits-vit1" else args.model), ("--data", args.data),
-            ("--out", str(args.out)), ("--quick", args.quick), ("--tiny", args.tiny),
-            ("--no-minilm", args.no_minilm), ("--workers", args.workers), ("--scheduler", args.scheduler),
+            ("--allow-pickle", args.allow_pickle), ("--out", str(args.out)), ("--quick", args.quick),
+            ("--tiny", args.tiny), ("--n", args.n), ("--eps", args.eps), ("--methods", args.methods),
+            ("--timeout", args.timeout if complete else None), ("--minilm", args.minilm), ("--workers", args.workers), ("--scheduler", args.scheduler),
             ("--store", args.store), ("--resume", args.resume)])
         render.write_all(out, res, records, ders, cmd, timer, t_all, st)
     print(f"wrote {out}/report.md, report.tex, results.json ({len(records)} certificate records), "
