@@ -218,6 +218,9 @@ def test_report_on_the_users_model_with_bab_and_a_failing_baseline(user, tmp_pat
     assert "my_model.py:build" in md and "kernels.fp_rows" not in md
     capsys.readouterr()
     assert main(["check", str(out / "results.json"), "--quiet"]) == 0, capsys.readouterr()
+    # --reverify loads the entry point again (by its file, checked by SHA-256) and re-runs every certificate
+    assert main(["check", str(out / "results.json"), "--reverify"]) == 0, capsys.readouterr()
+    assert "my_model.py" in capsys.readouterr().out
 
 
 def test_report_options_are_checked(tmp_path, capsys):

@@ -106,17 +106,28 @@ def load_inputs(inputs, model=None, data=None):
     mpath = Path(model) if model else (ZOO_DIR / f"{m['zoo']}.pt" if m["zoo"] else Path(m["file"]))
     _same_file("--model", mpath, m["sha256"])
     if d["file"] is None and data:
-        raise ValueError("--data: the report used the bundled test split, not a file")
+        raise ValueError("--data: the report used a bundled test split, not a file")
     dpath = None if d["file"] is None else Path(data or d["file"])
     if dpath is not None:
         _same_file("--data", dpath, d["file_sha256"])
-    spec = m["zoo"] if m["zoo"] and not model else str(mpath)
-    net, xte, yte, _ = load_model(spec, data=None if dpath is None else str(dpath))
+    spec = m["zoo"] if m["zoo"] and not model else _spec_at(m["spec"], mpath)
+    # a bundled split named by --data (d["spec"]) is loaded by that name again
+    net, xte, yte, _ = load_model(spec, data=d["spec"] if dpath is None else str(dpath))
     got = arrays_sha256(xte, yte)
     if got != d["sha256"] or len(yte) != d["size"]:
         raise ValueError(f"--data: the test set loaded for {spec} ({len(yte)} images, arrays sha256 {got}) is not "
                          f"the one results.json names ({d['size']} images, sha256 {d['sha256']})")
     return net, xte, yte
+
+
+def _spec_at(spec: str, path: Path) -> str:
+    """The recorded --model spec with its file at ``path``: an entry point keeps its function."""
+    where, sep, function = spec.rpartition(":")
+    if not sep or Path(spec).exists():
+        return str(path)
+    if where.endswith(".py"):
+        return f"{path}:{function}"
+    return spec  # an installed module's entry point: imported by name again
 
 
 def _config(net) -> dict:

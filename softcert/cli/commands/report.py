@@ -432,8 +432,11 @@ def model_file(spec: str) -> tuple:
 def inputs_of(spec: str, data: str | None, xte, yte, n: int) -> dict:
     """results.json["inputs"] (``softcert.cli.records.INPUTS``): the model file and the test set
     by SHA-256, and the image ids the certify stage ran on (the first n)."""
+    from softcert.cli.modelio import BUNDLED
+
     path, zoo = model_file(spec)
-    dpath = None if data is None else Path(data).resolve()
+    bundled = data is None or (data in BUNDLED and not Path(data).exists())
+    dpath = None if bundled else Path(data).resolve()
     return {"model": {"spec": spec, "zoo": zoo, "file": str(path), "sha256": file_sha256(path)},
             "data": {"spec": data, "file": None if dpath is None else str(dpath),
                      "file_sha256": None if dpath is None else file_sha256(dpath), "size": len(yte),
