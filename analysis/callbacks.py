@@ -67,6 +67,9 @@ def _hf_callback():
             self.guard.after_step()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
+            """Add ``safestep_scale`` and ``safestep_ratio`` of the last optimizer step to
+            ``logs`` (seen by the reporting callbacks after this one) and to the entry that
+            Trainer.log already appended to ``state.log_history`` (issue 32)."""
             if logs is None or not self.history:
                 return
             metrics = {"safestep_scale": self.guard.last_scale, "safestep_ratio": self.guard.last_ratio}

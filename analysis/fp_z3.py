@@ -17,13 +17,13 @@ Lemmas (each returns a :class:`Lemma` with z3's verdict on the negated claim):
   |S_hat - (S_A e_A + S_B e_B)| <= γ_2 (S_A e_A + S_B e_B), γ_2 = 2u / (1 - 2u): the model
   constant of one rescale-and-add step (exp errors u_e multiply the exact terms on top).
 
-Scope: whole-softmax statements (the full sum of n exps) only scale to n = 2..3 (DESIGN §5:
-n = 2 in seconds, n = 3 in minutes, n = 4 times out; not re-measured here). The cost is
-z3's bit-blasted Float32 multipliers: even these single-step lemmas take 2-15 s each, and
-formulations that compare against the exact value in a wider format (Float64 or reals via
-fpToReal) did not finish within 60-120 s. Hence per-step lemmas only, composed by hand in
-analysis.fp.error_bound. Subnormal products (e < 2^-100 here) are covered there by the
-absolute term eta, not by these lemmas.
+Scope: whole-softmax statements (the full sum of n exps) only scale to n = 2..3
+(docs/mathematics.md section 5: n = 2 in seconds, n = 3 in minutes, n = 4 times out; not
+re-measured here). The cost is z3's bit-blasted Float32 multipliers: even these single-step
+lemmas take 2-15 s each, and formulations that compare against the exact value in a wider format
+(Float64 or reals via fpToReal) did not finish within 60-120 s. Hence per-step lemmas only,
+composed by hand in analysis.fp.error_bound. Subnormal products (e < 2^-100 here) are covered
+there by the absolute term eta, not by these lemmas.
 """
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ Terms with equal slopes are merged (log-sum-exp of their z) before anything else
 radius uses the closed form when two distinct slopes remain, else the argument principle
 with certified sampling (winding of F on |t| = R, bisection on R from the lower bound), a
 time limit, and a Newton polish of the zero that must land in the verified bracket.
-Source: the "ghosts of softmax" abstract in seeds/abstracts.md; formulas checked in docs/mathematics.md.
+Source: Sao, "Ghosts of Softmax" (arXiv:2603.13552; docs/report/references.bib, sao2026ghosts);
+formulas checked in docs/mathematics.md section 2.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The six small architectures of the ghosts-of-softmax experiments (8x8 digit images).
 
-Linear, MLP (64-128-10), CNN, MLP+LayerNorm, CNN+BatchNorm and a small Transformer (d=32,
-2 layers, 4 heads, the 8 image rows as tokens). Sizes follow the published list
-(seeds/abstracts.md); the exact published layer shapes were not available, so the CNNs and
-the Transformer here are our own small choices. Inputs: flattened 8x8 images (N, 64) in
-[0, 1], as certify.data.digits gives them after ``reshape(-1, 64)``.
+Linear, MLP (64-128-10), CNN, MLP+LayerNorm, CNN+BatchNorm and a small Transformer (d=32, 2
+layers, 4 heads, the 8 image rows as tokens). Sizes follow the published list (Sao, "Ghosts of
+Softmax", arXiv:2603.13552; docs/report/references.bib); the exact published layer shapes were
+not available, so the CNNs and the Transformer here are our own small choices. Inputs: flattened
+8x8 images (N, 64) in [0, 1], as certify.data.digits gives them after ``reshape(-1, 64)``.
 """
 from __future__ import annotations
 

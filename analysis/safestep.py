@@ -21,7 +21,8 @@ train/eval mode); with gradient accumulation the radius is the minimum over all 
 (``accumulation="all"``) or, cheaper and weaker, over the last one (``"last"``).
 Assumption: the logits are the model output, its ``.logits`` / ``["logits"]`` (dicts,
 Hugging Face ``ModelOutput``), or ``logits_fn(output)``; last dim = classes.
-Source: "ghosts of softmax" abstract (seeds/abstracts.md); docs/mathematics.md section 2.
+Source: Sao, "Ghosts of Softmax" (arXiv:2603.13552; docs/report/references.bib, sao2026ghosts);
+docs/mathematics.md section 2.
 """
 from __future__ import annotations
 

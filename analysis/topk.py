@@ -446,8 +446,10 @@ def output_error_bound(scores, values, k, *, backend: str = "auto") -> OutputErr
 
     Values shared by every query, as attention uses them (P·V): scores (..., Q, n) with values
     (..., n, d) of the same rank, e.g. ``analysis.attention.extract_attention``'s (L, H, T, T)
-    and (L, H, T, d) as they are; they are read as (..., 1, n, d). Per-query values have one
-    axis more than the scores: (..., Q, n, d), or a singleton (..., 1, n, d).
+    and (L, H, T, d) as they are; they are read as (..., 1, n, d) (issue 32). Per-query values
+    have one axis more than the scores: (..., Q, n, d), or a singleton (..., 1, n, d); 1-D
+    scores (n,) take values (n, d). Bounds and assumptions: :class:`OutputErrorBound`.
+    Raises ValueError naming ``values`` when its key axis or batch shape does not fit.
     """
     s = validate_scores(scores)
     V = as_float64(values, "values")

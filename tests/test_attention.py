@@ -96,8 +96,9 @@ def test_a_model_folder_without_a_tokenizer_is_refused(tmp_path):
     src = attention.default_model_dir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(src / name, tmp_path / name)
-    with pytest.raises(ValueError, match=r"model_dir: .* has no tokenizer .*save_pretrained"):
+    with pytest.raises(ValueError, match=r"model_dir: .* has no tokenizer.*save_pretrained") as err:
         attention.load_model(tmp_path)
+    assert str(tmp_path) in str(err.value) and "vocab.txt" in str(err.value)  # folder, file, fix
 
 
 def test_unsupported_architecture_fails_clearly(tmp_path):
