@@ -120,8 +120,34 @@ def _bound_margins(meth, problem, options, progress):
     other = torch.ones_like(lower_margin, dtype=torch.bool)
     other[torch.arange(len(label), device=other.device), label] = False
     certified = torch.where(other, lower_margin > 0, True).all(1)
+    infinite = (other & ~torch.isfinite(lower_margin)).any(1)
+    if not note and bool(infinite.any()):
+        note = infinite_note(problem, int(infinite.nonzero()[0, 0]))
     return CertResult(lower_margin, certified, meth.name, problem.eps, time.perf_counter() - t0, note,
                       meth.assumptions, problem.domain, label)
+
+
+#: interval ends above this magnitude overflow float64 in the next product (its square root)
+HUGE = 1e154
+
+
+def infinite_note(problem, b: int) -> str:
+    """Where sample ``b``'s bounds blew up: the first node whose interval bounds (IBP over the
+    sample's box) are infinite, NaN or above ``HUGE`` in magnitude, by name and operator, and
+    what to try."""
+    graph = problem.graph
+    with torch.no_grad():
+        state = crown.propagate(graph, problem.lower[b:b + 1].unsqueeze(1), problem.upper[b:b + 1].unsqueeze(1),
+                                algorithm="ibp", centre=problem.centre[b:b + 1].unsqueeze(1))
+    where = "the final bound (every interval bound is moderate: the linear bounds overflowed)"
+    for i, node in enumerate(graph.nodes):
+        size = torch.stack([a.abs().max() for a in state.bounds[i]]).max()
+        if not bool(size <= HUGE):  # NaN included
+            where = f"node {i} ({node.name or node.op}, operator {node.op}: interval ends up to {float(size):.3g})"
+            break
+    box = "its input box" if problem.eps is None else f"the input box of radius {problem.eps:g}"
+    return (f"a lower margin is -inf (sample {b}): the bounds became infinite at {where} over {box}; "
+            "try a smaller eps, or a domain that narrows the inputs")
 
 
 #: alpha-CROWN settings (the reference settings of docs/mathematics.md §6): Adam steps and rate

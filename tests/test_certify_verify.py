@@ -139,3 +139,33 @@ def test_bad_input_raises(bad):
     if "method" not in bad:
         with pytest.raises(ValueError):
             certify.attack(m, kw["x"], kw["label"], kw["eps"])
+
+
+def test_an_infinite_bound_names_its_node_and_operator():
+    """A -inf margin comes with a note naming the first node whose interval blew up (here
+    exp of scores up to 1600: float64's largest value) and what to try (issue 32: crown on a
+    tiny BERT gave worst_margin -inf with an empty note)."""
+    import torch
+    from torch import nn
+
+    from softcert import certify
+
+    class Blowup(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 3)
+            with torch.no_grad():
+                self.a.weight.fill_(400.0)
+
+        def forward(self, x):
+            return self.b(torch.exp(self.a(x)))
+
+    m = Blowup().double().eval()
+    x = torch.zeros(2, 4, dtype=torch.float64)
+    y = m(x).argmax(1)
+    for method in ("ibp", "crown"):
+        r = certify.verify(m, x, y, 0.5, method=method)
+        assert (r.worst_margin == -torch.inf).all()
+        assert "operator exp" in r.note and "smaller eps" in r.note, r.note
+    small = certify.verify(m, x, y, 1e-6, method="crown")  # finite: no note
+    assert torch.isfinite(small.worst_margin).all() and small.note == ""
