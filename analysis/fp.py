@@ -678,12 +678,21 @@ def needed_rel(y_hat, x_rounded, p, bound: ErrorBound) -> float:
 ATTENTION_BACKENDS = ("numba", "triton")
 
 
-def attention_assumptions(exp_ulps: float, exp_source: str) -> str:
-    """What an attention bound assumes, with the float32 exp accuracy it was computed with."""
-    return ("float32 inputs are exact; exact output O = softmax(q k^T / sqrt(d)) v in real arithmetic; "
+def attention_assumptions(exp_ulps: float, exp_source: str, lifted=(), masked: str = "") -> str:
+    """What an attention bound assumes, with the float32 exp accuracy it was computed with;
+    ``lifted`` names the float16/bfloat16 inputs taken into float32 (exactly), ``masked``
+    the mask in force (docs/fp/attention.md, sections 7-8)."""
+    text = ("float32 inputs are exact; exact output O = softmax(q k^T / sqrt(d)) v in real arithmetic; "
             "standard model with gradual underflow (round-to-nearest, no flush-to-zero, no fastmath); "
             f"float32 exp accurate to {exp_ulps:g} ulp ({exp_source}); "
             "float64 exp within 2 ulp (kernels.floating)")
+    if lifted:
+        text += (f"; {', '.join(lifted)} lifted exactly into float32 and computed in float32: O is "
+                 "the exact attention of the given half-precision values, out is float32")
+    if masked:
+        text += (f"; {masked}: the softmax runs over the attended keys only (masked keys are "
+                 "skipped), O = 0 on a row with none (torch's convention)")
+    return text
 
 
 ATTENTION_ASSUMPTIONS = attention_assumptions(EXP_ULPS["float32"], "numpy's exp, measured: measure_exp_ulps")
@@ -704,8 +713,10 @@ def _exp_model(backend: str) -> tuple[float, str]:
 @dataclass(frozen=True)
 class AttentionResult:
     """out (float32, shape of q with v's last axis) and bound (float64, same shape) with
-    |out - O| <= bound elementwise, O = softmax(q k^T / sqrt(d)) v computed exactly from the
-    float32 inputs. ``rescales``: per query row, how often the running max grew."""
+    |out - O| <= bound elementwise, O = softmax(q k^T / sqrt(d)) v over the attended keys
+    computed exactly from the inputs (float16/bfloat16 ones lifted exactly into float32);
+    O = out = bound = 0 on a row with no attended key. ``rescales``: per query row, how
+    often the running max grew. ``masked``: "", "causal" or "mask"."""
 
     out: object
     bound: object
@@ -714,6 +725,8 @@ class AttentionResult:
     backend: str
     method: str = "blocked online softmax (FlashAttention-2 order), float32, a-posteriori bound"
     assumptions: str = ATTENTION_ASSUMPTIONS
+    masked: str = ""
+    input_dtypes: tuple = ("float32", "float32", "float32")
 
 
 @dataclass(frozen=True)
@@ -739,6 +752,7 @@ class AttentionErrorBound:
     abs_floor: float
     sum_roundings: int  # K
     assumptions: str = ATTENTION_ASSUMPTIONS
+    n_row: int | None = None  # attended keys per row (masks); None: all n
 
     @property
     def coeff_in_u(self) -> float:
@@ -754,95 +768,145 @@ def _scale_error(d: int) -> float:
     return _up(float(abs(Fraction(c32) ** 2 * d - 1)))
 
 
-def attention_error_bound(n: int, d: int, block: int = 128, dtype: str = "float32", *,
-                          score_range: float | None = None,
-                          qk_abs: float | None = None) -> AttentionErrorBound:
-    """A-priori error bound of ``attention`` (derivation: docs/fp/attention.md, section 4).
+def _expm1_inf(x: float) -> float:
+    """expm1(x), or inf where it overflows (math.expm1 raises there)."""
+    return math.expm1(x) if x < 709.0 else math.inf
 
-    With T = ceil(n / block) tiles, K = min(block, n) + 2T - 1 roundings per term and
-    P = (1 + u_e)^T (1 + u)^K: ρ̄ = (P - 1) + P (e^{u X} - 1) (+ P u when the spread may exceed
-    X0 = (ln n - ln u)/(1 - u); X = min(score_range, X0)). Then
-    coeff = (2ρ̄ + 2a)(1 + u)/(1 - ρ̄ - a) + u + 2(e^E - 1)/(2 - e^E), E = score_rel qk_abs
-    + (d + 2) q, score_rel = (1 + γ_d)(1 + ε_c)(1 + u) - 1, a the underflow term.
-    """
-    fmt = _check_dtype(dtype)
+
+def _score_rel(d: int, u: float) -> float:
+    """(1 + γ_d)(1 + ε_c)(1 + u) - 1, γ_d = du / (1 - du) (Higham Thm 3.5): the relative score
+    error per unit Σ_i |q_i k_ji| / sqrt(d); inf where du >= 1 (γ_d has no bound there)."""
+    nu = d * u
+    if nu >= 1.0:
+        return math.inf
+    return _expm1_inf(math.log1p(nu / (1 - nu)) + math.log1p(_scale_error(d)) + math.log1p(u))
+
+
+def _score_coeff(score_rel: float, qk_abs: float, d: int, q: float) -> float:
+    """2(e^E - 1)/(2 - e^E), E = score_rel qk_abs + (d + 2) q (section 4). qk_abs = 0: every
+    product q_i k_ji is 0, so is the score error beyond (d + 2) q (never inf · 0 = NaN)."""
+    e = (d + 2) * q + (score_rel * qk_abs if qk_abs > 0 else 0.0)
+    em = _expm1_inf(e)
+    return 2 * em / (1 - em) if em < 0.5 else math.inf
+
+
+def _rho_bar(log_p: float, u: float, x: float, beyond: bool) -> float:
+    """ρ̄ = (P - 1) + P (e^{u X} - 1) (+ P u beyond X0), P = e^{log_p}; inf once P >= e (ρ̄ > 1/2
+    makes the bound inf anyway; this also keeps e^{log_p} from overflowing)."""
+    if log_p >= 1.0:
+        return math.inf
+    p = math.exp(log_p)
+    return math.expm1(log_p) + p * _expm1_inf(u * x) + (p * u if beyond else 0.0)
+
+
+def _check_apriori_args(n, d, block, n_row, score_range, qk_abs):
     for name, val in (("n", n), ("d", d), ("block", block)):
         if int(val) != val or val < 1:
             raise ValueError(f"{name} must be a positive integer, got {val}")
-    n, d, block = int(n), int(d), int(block)
+    if n_row is not None and (int(n_row) != n_row or not 1 <= n_row <= n):
+        raise ValueError(f"n_row must be an integer in [1, n] = [1, {n}], got {n_row}")
     for name, val in (("score_range", score_range), ("qk_abs", qk_abs)):
         if val is not None and not (val >= 0 and math.isfinite(val)):
             raise ValueError(f"{name} must be finite and >= 0, got {val}")
+
+
+def attention_error_bound(n: int, d: int, block: int = 128, dtype: str = "float32", *,
+                          score_range: float | None = None, qk_abs: float | None = None,
+                          n_row: int | None = None) -> AttentionErrorBound:
+    """A-priori error bound of ``attention`` (derivation: docs/fp/attention.md, sections 6-7).
+
+    A row sums r = ``n_row`` of its n keys (a mask; None: r = n; a causal row i is the prefix
+    n = r = min(i + 1, n)) in T = min(ceil(n / block), r) tiles, b = min(block, r) per tile:
+    K = b + 2T - 1 roundings per term, P = (1 + u_e)^T (1 + u)^K, ρ̄ = (P - 1) + P (e^{u X} - 1)
+    (+ P u when the spread may exceed X0 = (ln r - ln u)/(1 - u); X = min(score_range, X0)).
+    coeff = (2ρ̄ + 2a)(1 + u)/(1 - ρ̄ - a) + u + 2(e^E - 1)/(2 - e^E), E = score_rel qk_abs
+    + (d + 2) q, score_rel = (1 + γ_d)(1 + ε_c)(1 + u) - 1, a = 1.02 (3r + 4T)(k + 1) q r.
+    A field is inf (never NaN) where its premise fails: ρ̄ + a >= 1/2, d u >= 1, e^E >= 3/2.
+    """
+    fmt = _check_dtype(dtype)
+    _check_apriori_args(n, d, block, n_row, score_range, qk_abs)
+    n, d, block = int(n), int(d), int(block)
+    r = n if n_row is None else int(n_row)
     u, q = fmt.u, fmt.q
     k = EXP_ULPS[dtype]
-    ue = 2 * k * u
-    tiles = -(-n // block)
-    kk = min(block, n) + 2 * tiles - 1
-    log_p = tiles * math.log1p(ue) + kk * math.log1p(u)
-    x0 = (math.log(n) - math.log(u)) / (1 - u)
-    x = x0 if score_range is None else min(float(score_range), x0)
-    p = math.exp(log_p)
-    rho = math.expm1(log_p) + p * math.expm1(u * x)
-    if score_range is None or score_range > x0:
-        rho += p * u
-    a = 1.02 * (3 * n + 4 * tiles) * (k + 1) * q * n
-    nu = d * u
-    score_rel = math.expm1(math.log1p(nu / (1 - nu)) + math.log1p(_scale_error(d))
-                           + math.log1p(u))
-    if rho + a >= 0.5:
-        fp = math.inf
-    else:
-        fp = (2 * rho + 2 * a) * (1 + u) / (1 - rho - a) + u
-    if qk_abs is None:
-        score = None
-        total = fp
-    else:
-        e = score_rel * float(qk_abs) + (d + 2) * q
-        score = 2 * math.expm1(e) / (1 - math.expm1(e)) if math.expm1(e) < 0.5 else math.inf
-        total = fp + score
-    abs_floor = a * (1 + u) / (1 - rho - a) + q if rho + a < 0.5 else math.inf
+    tiles = min(-(-n // block), r)
+    kk = min(block, r) + 2 * tiles - 1
+    log_p = tiles * math.log1p(2 * k * u) + kk * math.log1p(u)
+    x0 = (math.log(r) - math.log(u)) / (1 - u)
+    beyond = score_range is None or score_range > x0
+    rho = _rho_bar(log_p, u, x0 if beyond else float(score_range), beyond)
+    a = 1.02 * (3 * r + 4 * tiles) * (k + 1) * q * r
+    ok = rho + a < 0.5
+    fp = (2 * rho + 2 * a) * (1 + u) / (1 - rho - a) + u if ok else math.inf
+    score_rel = _score_rel(d, u)
+    score = None if qk_abs is None else _score_coeff(score_rel, float(qk_abs), d, q)
+    total = fp if score is None else fp + score
+    abs_floor = a * (1 + u) / (1 - rho - a) + q if ok else math.inf
     assumptions = ATTENTION_ASSUMPTIONS if qk_abs is not None else (
         ATTENTION_ASSUMPTIONS + "; the scores q k^T / sqrt(d) taken as exact (qk_abs not given: "
         "their rounding is not covered)")
     return AttentionErrorBound(n, d, block, dtype, score_range, qk_abs, _up(rho), _up(fp),
                                _up(score_rel), None if score is None else _up(score),
-                               _up(total), _up(abs_floor), kk, assumptions)
+                               _up(total), _up(abs_floor), kk, assumptions, n_row)
+
+
+#: input formats that lift exactly into float32 (every value of theirs is a float32)
+HALF_DTYPES = ("float16", "bfloat16")
 
 
 def _as_float32(x, name: str):
-    """(array float32, was_torch). Refuses other dtypes, non-finite entries, meta tensors."""
+    """(array float32, was_torch, input dtype name). float16/bfloat16 (torch, numpy or
+    ml_dtypes) are lifted exactly into float32; refuses other dtypes, non-finite entries,
+    meta tensors."""
     was_torch = hasattr(x, "detach") and hasattr(x, "is_meta")
     if was_torch:
         if x.is_meta:
             raise ValueError(f"{name}: meta tensors carry no data")
-        arr = x.detach().cpu().numpy()
+        src = str(x.dtype).removeprefix("torch.")
+        t = x.detach().cpu()
+        arr = t.float().numpy() if src in HALF_DTYPES else t.numpy()
     else:
         arr = np.asarray(x)
+        src = arr.dtype.name
+        if src in HALF_DTYPES:
+            arr = arr.astype(np.float32)  # exact: p = 11 or 8 bits, exponents inside float32's
     if arr.dtype != np.float32:
-        raise ValueError(f"{name}: expected float32 (the kernel's format), got {arr.dtype}")
+        raise ValueError(f"{name}: expected float32 (the kernel's format) or float16/bfloat16 "
+                         f"(lifted exactly), got {src}")
     if arr.ndim < 2 or 0 in arr.shape:
         raise ValueError(f"{name}: expected a non-empty (..., n, d) array, got shape {arr.shape}")
     if not np.isfinite(arr).all():
         raise ValueError(f"{name}: contains NaN or inf")
-    return arr, was_torch
+    return arr, was_torch, src
 
 
-def attention(q, k, v, block: int = 128, backend: str = "numba") -> AttentionResult:
-    """FP32 attention softmax(q k^T / sqrt(d)) v by blocked online softmax, with a proven
-    per-element bound |out - O| <= bound (O exact from the float32 inputs).
+def _attention_mask(mask, causal, lead: tuple, nq: int, n: int):
+    """(kernel mask or None, description). ``mask``: bool, broadcastable to lead + (nq, n),
+    True = attend; returned as bool (1 or G, 1 or nq, n), G = prod(lead). ``causal``: a bool."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ValueError(f"causal: expected a bool, got {type(causal).__name__}")
+    if mask is None:
+        return None, "causal (query i attends keys j <= i)" if causal else ""
+    if causal:
+        raise ValueError("mask, causal: give one of them, not both (causal is the mask j <= i)")
+    arr = mask.detach().cpu().numpy() if hasattr(mask, "detach") else np.asarray(mask)
+    if arr.dtype != np.bool_:
+        raise ValueError(f"mask: expected a boolean array (True = attend), got {arr.dtype}")
+    full = tuple(lead) + (nq, n)
+    try:
+        ok = np.broadcast_shapes(arr.shape, full) == full
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"mask: shape {arr.shape} does not broadcast to (..., nq, n) = {full}")
+    arr = arr.reshape((1,) * (len(full) - arr.ndim) + arr.shape)
+    rows = arr.shape[-2]
+    if all(s == 1 for s in arr.shape[:-2]):
+        return np.broadcast_to(arr.reshape(1, rows, -1), (1, rows, n)), "boolean mask"
+    return np.broadcast_to(arr, full[:-2] + (rows, n)).reshape(-1, rows, n), "boolean mask"
 
-    q (..., nq, d), k (..., n, d), v (..., n, dv), float32 (torch tensors or numpy arrays;
-    results follow q's type), equal leading axes, n <= 2^20. ``block``: keys per tile.
-    ``backend``: "numba" (``kernels.attention``) or "triton" (``kernels.triton_attention``,
-    interpreted on CPU). Bound: ``kernels.attention`` docstring and docs/fp/attention.md.
-    """
-    if backend not in ATTENTION_BACKENDS:
-        raise ValueError(f"backend: expected one of {ATTENTION_BACKENDS}, got {backend!r}")
-    if int(block) != block or block < 1:
-        raise ValueError(f"block: must be a positive integer, got {block}")
-    qa, was_torch = _as_float32(q, "q")
-    ka, _ = _as_float32(k, "k")
-    va, _ = _as_float32(v, "v")
+
+def _check_qkv(qa, ka, va):
     if qa.shape[:-2] != ka.shape[:-2] or qa.shape[:-2] != va.shape[:-2]:
         raise ValueError(f"q, k, v: leading axes differ: {qa.shape}, {ka.shape}, {va.shape}")
     if ka.shape[-1] != qa.shape[-1]:
@@ -851,34 +915,57 @@ def attention(q, k, v, block: int = 128, backend: str = "numba") -> AttentionRes
         raise ValueError(f"v: {va.shape[-2]} keys, k has {ka.shape[-2]}")
     from softcert.kernels.attention import MAX_KEYS
 
-    n = ka.shape[-2]
-    if n > MAX_KEYS:
-        raise ValueError(f"k: {n} keys, at most {MAX_KEYS} are supported (the bound's margins)")
-    lead = qa.shape[:-2]
-    q3 = qa.reshape((-1,) + qa.shape[-2:])
-    k3 = ka.reshape((-1,) + ka.shape[-2:])
-    v3 = va.reshape((-1,) + va.shape[-2:])
+    if ka.shape[-2] > MAX_KEYS:
+        raise ValueError(f"k: {ka.shape[-2]} keys, at most {MAX_KEYS} are supported (the bound's margins)")
+
+
+def attention(q, k, v, block: int = 128, backend: str = "numba", *, mask=None,
+              causal: bool = False) -> AttentionResult:
+    """FP32 attention O = softmax(q k^T / sqrt(d)) v by blocked online softmax, with a proven
+    per-element bound |out - O| <= bound (O exact from the inputs).
+
+    q (..., nq, d), k (..., n, d), v (..., n, dv): float32, or float16/bfloat16 lifted exactly
+    into float32 (the computation, ``out`` and the bound are float32's; O is the exact
+    attention of the given values). Torch tensors or numpy arrays (results follow q's type),
+    equal leading axes, n <= 2^20. ``block``: keys per tile. ``backend``: "numba"
+    (``kernels.attention``) or "triton" (``kernels.triton_attention``, interpreted on CPU).
+    ``mask``: bool broadcastable to (..., nq, n), True = attend (torch's boolean attn_mask);
+    ``causal``: query i attends keys j <= i (torch's is_causal, top-left aligned when nq != n);
+    not both. Masked keys are skipped; row i's softmax runs over its n_row attended keys
+    and the bound uses n_row (docs/fp/attention.md, section 7). A row with no attended key
+    gives out = 0, bound = 0 (torch returns 0 there). Bound: ``kernels.attention`` docstring.
+    """
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"backend: expected one of {ATTENTION_BACKENDS}, got {backend!r}")
+    if int(block) != block or block < 1:
+        raise ValueError(f"block: must be a positive integer, got {block}")
+    (qa, was_torch, qt), (ka, _, kt), (va, _, vt) = (
+        _as_float32(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    _check_qkv(qa, ka, va)
+    lead, n = qa.shape[:-2], ka.shape[-2]
+    kmask, masked = _attention_mask(mask, causal, lead, qa.shape[-2], n)
+    q3, k3, v3 = (x.reshape((-1,) + x.shape[-2:]) for x in (qa, ka, va))
     fmt = FORMATS["float32"]
     ulps, exp_source = _exp_model(backend)
-    ue = 2 * ulps * fmt.u
     if backend == "numba":
-        from softcert.kernels.attention import flash_attention
-
-        out, bound, rescales = flash_attention(q3, k3, v3, int(block), fmt.u, ue, fmt.q)
+        from softcert.kernels.attention import flash_attention as run
     else:
-        from softcert.kernels.triton_attention import flash_attention_triton
-
-        out, bound, rescales = flash_attention_triton(q3, k3, v3, int(block), fmt.u, ue, fmt.q)
+        from softcert.kernels.triton_attention import flash_attention_triton as run
+    out, bound, rescales = run(q3, k3, v3, int(block), fmt.u, 2 * ulps * fmt.u, fmt.q,
+                               mask=kmask, causal=bool(causal))
     if not (np.isfinite(out).all() and not np.isnan(bound).any()):
         raise ValueError("q, k, v: the float32 computation overflowed (scores or values too large)")
     shape = lead + out.shape[-2:]
-    out, bound, rescales = out.reshape(shape), bound.reshape(shape), rescales.reshape(lead + out.shape[-2:-1])
+    out, bound, rescales = out.reshape(shape), bound.reshape(shape), rescales.reshape(shape[:-1])
     if was_torch:
         import torch
 
         out, bound, rescales = (torch.from_numpy(np.ascontiguousarray(x)) for x in (out, bound, rescales))
+    lifted = tuple(f"{name} ({t})" for name, t in zip("qkv", (qt, kt, vt)) if t in HALF_DTYPES)
     return AttentionResult(out, bound, rescales, int(block), backend,
-                           assumptions=attention_assumptions(ulps, exp_source))
+                           assumptions=attention_assumptions(ulps, exp_source, lifted, masked),
+                           masked="causal" if causal else ("mask" if kmask is not None else ""),
+                           input_dtypes=(qt, kt, vt))
 
 
 def minilm_qkv(sentences=None, max_length: int = 128, model_dir=None):

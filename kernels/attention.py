@@ -21,6 +21,13 @@ score error |ŝ_j - q·k_j/sqrt(d)|: measured against a float64 reference s64_j 
 products, so |s64_j - s_j| <= (d + 4) u64 |q|·|k_j| / sqrt(d)) plus (d + 2) q for underflow;
 a the absolute underflow terms. The sums run in float64 and are inflated by 2^-30 (their own
 relative error is below 800 u64 + γ64_n, far less, for n <= 2^20). No fastmath anywhere.
+
+Masks (docs/fp/attention.md, section 7): a masked key is skipped (never scored, never added),
+so a row is the unmasked algorithm over its n_row attended keys, with tiles still cut at
+multiples of ``block`` of the key index. Every n above is then n_row, T the number of tiles
+holding an attended key and min(block, n) the largest number b of attended keys in one tile:
+K = b + 2T - 1. Causal rows (key j <= query i, torch's top-left convention) are the prefix
+j < min(i + 1, n). A row with no attended key returns out = 0, bound = 0 (torch's convention).
 """
 from __future__ import annotations
 
@@ -38,9 +45,41 @@ MAX_KEYS = 2 ** 20
 
 
 @njit(cache=True)
-def _row(q, k, v, block, scale, s_buf, acc, wt, out):
-    """The float32 forward pass of one query row; returns (M, rescales)."""
-    n, d = k.shape
+def _attends(mrow, j):
+    """Key j takes part: ``mrow`` is a uint8 row of the mask, empty for no mask."""
+    return mrow.shape[0] == 0 or mrow[j] != 0
+
+
+@njit(cache=True)
+def _mask_row(mask, g, i):
+    """Row (g, i) of a (1 or G, 1 or nq, n or 0) uint8 mask (size-1 axes broadcast)."""
+    return mask[g if mask.shape[0] > 1 else 0, i if mask.shape[1] > 1 else 0]
+
+
+@njit(cache=True)
+def _tile_scores(q, k, mrow, t0, t1, scale, s_buf, m):
+    """Scores of the attended keys of one tile into s_buf; returns (tile max with m, count)."""
+    d = k.shape[1]
+    mt = m
+    count = 0
+    for j in range(t0, t1):
+        if not _attends(mrow, j):
+            continue
+        dot = np.float32(0.0)
+        for i in range(d):
+            dot = dot + q[i] * k[j, i]
+        s = dot * scale
+        s_buf[j] = s
+        count += 1
+        if s > mt:
+            mt = s
+    return mt, count
+
+
+@njit(cache=True)
+def _row(q, k, v, mrow, nlim, block, scale, s_buf, acc, wt, out):
+    """The float32 forward pass of one query row over its attended keys j < nlim (a tile
+    without one is skipped); returns (M, rescales). No attended key: out = 0, M = -inf."""
     dv = v.shape[1]
     m = np.float32(-np.inf)
     ell = np.float32(0.0)
@@ -48,18 +87,12 @@ def _row(q, k, v, block, scale, s_buf, acc, wt, out):
     rescales = 0
     for c in range(dv):
         acc[c] = zero
-    for t0 in range(0, n, block):
-        t1 = min(t0 + block, n)
-        mt = m
-        for j in range(t0, t1):
-            dot = zero
-            for i in range(d):
-                dot = dot + q[i] * k[j, i]
-            s = dot * scale
-            s_buf[j] = s
-            if s > mt:
-                mt = s
-        if t0 > 0 and mt > m:
+    for t0 in range(0, nlim, block):
+        t1 = min(t0 + block, nlim)
+        mt, count = _tile_scores(q, k, mrow, t0, t1, scale, s_buf, m)
+        if count == 0:
+            continue
+        if m > -np.inf and mt > m:  # an earlier tile was added: rescale it
             alpha = math.exp(m - mt)
             ell = ell * alpha
             for c in range(dv):
@@ -69,6 +102,8 @@ def _row(q, k, v, block, scale, s_buf, acc, wt, out):
         for c in range(dv):
             wt[c] = zero
         for j in range(t0, t1):
+            if not _attends(mrow, j):
+                continue
             p = math.exp(s_buf[j] - mt)
             lt = lt + p
             for c in range(dv):
@@ -77,18 +112,39 @@ def _row(q, k, v, block, scale, s_buf, acc, wt, out):
         for c in range(dv):
             acc[c] = acc[c] + wt[c]
         m = mt
-    for c in range(dv):
-        out[c] = acc[c] / ell
+    for c in range(dv):  # ell >= 1 (or NaN: overflow, caught by the caller) once attended
+        out[c] = acc[c] / ell if ell != zero else zero
     return m, rescales
 
 
 @njit(cache=True)
-def _row_bound(q, k, v, s_buf, big_m, rescales, block, u, ue, q32, nsum, asum, ssum, bound):
-    """The a-posteriori bound of one row (float64; see the module docstring)."""
-    n, d = k.shape
+def _row_counts(mrow, nlim, block):
+    """(n_row, T, b): attended keys, tiles holding one, most attended keys in one tile."""
+    n_row, tiles, most = 0, 0, 0
+    for t0 in range(0, nlim, block):
+        count = 0
+        for j in range(t0, min(t0 + block, nlim)):
+            if _attends(mrow, j):
+                count += 1
+        n_row += count
+        tiles += 1 if count > 0 else 0
+        most = max(most, count)
+    return n_row, tiles, most
+
+
+@njit(cache=True)
+def _row_bound(q, k, v, mrow, nlim, s_buf, big_m, rescales, block, u, ue, q32, nsum, asum,
+               ssum, bound):
+    """The a-posteriori bound of one row (float64; see the module docstring): n, T and the
+    tile length are the row's own (``_row_counts``); no attended key: bound 0 (out is 0)."""
+    d = k.shape[1]
     dv = v.shape[1]
-    tiles = (n + block - 1) // block
-    kk = min(block, n) + 2 * tiles - 1
+    n, tiles, most = _row_counts(mrow, nlim, block)
+    if n == 0:
+        for c in range(dv):
+            bound[c] = 0.0
+        return
+    kk = most + 2 * tiles - 1
     c1 = (1 + rescales) * math.log1p(ue) + kk * math.log1p(u)
     inv_sqrt_d = 1.0 / math.sqrt(d)
     # |fl64(fl64(q·k) fl64(1/sqrt d)) - q·k/sqrt d| <= (d + 4) u64 |q|·|k| / sqrt d (1.01)
@@ -100,7 +156,9 @@ def _row_bound(q, k, v, s_buf, big_m, rescales, block, u, ue, q32, nsum, asum, s
         nsum[c] = 0.0
         asum[c] = 0.0
         ssum[c] = 0.0
-    for j in range(n):
+    for j in range(nlim):
+        if not _attends(mrow, j):
+            continue
         x = mm - np.float64(s_buf[j])
         w = math.exp(-x)
         # w = 0 (x > 745): w ρ <= e^{-(1-u) x} P is below 2^-1060, charged by ``tiny``
@@ -149,9 +207,10 @@ def _row_bound(q, k, v, s_buf, big_m, rescales, block, u, ue, q32, nsum, asum, s
 
 
 @njit(cache=True, parallel=True)
-def attention_rows(q, k, v, block, scale, u, ue, q32, out, bound, rescale_out, chunks):
+def attention_rows(q, k, v, mask, causal, block, scale, u, ue, q32, out, bound, rescale_out,
+                   chunks):
     """out (G, nq, dv) float32 and bound (G, nq, dv) float64 for q (G, nq, d), k (G, n, d),
-    v (G, n, dv) float32; rows run in parallel."""
+    v (G, n, dv) float32 and a uint8 ``mask`` (see ``_mask_row``); rows run in parallel."""
     g_count, nq, _ = q.shape
     n = k.shape[1]
     dv = v.shape[2]
@@ -166,21 +225,33 @@ def attention_rows(q, k, v, block, scale, u, ue, q32, out, bound, rescale_out, c
         for r in range(ch * rows // chunks, (ch + 1) * rows // chunks):
             g = r // nq
             i = r - g * nq
-            big_m, rescales = _row(q[g, i], k[g], v[g], block, scale, s_buf, acc, wt,
-                                   out[g, i])
+            mrow = _mask_row(mask, g, i)
+            nlim = min(i + 1, n) if causal else n
+            big_m, rescales = _row(q[g, i], k[g], v[g], mrow, nlim, block, scale, s_buf, acc,
+                                   wt, out[g, i])
             rescale_out[g, i] = rescales
             if bound.shape[0] > 0:
-                _row_bound(q[g, i], k[g], v[g], s_buf, big_m, rescales, block, u, ue, q32,
-                           nsum, asum, ssum, bound[g, i])
+                _row_bound(q[g, i], k[g], v[g], mrow, nlim, s_buf, big_m, rescales, block, u,
+                           ue, q32, nsum, asum, ssum, bound[g, i])
+
+
+def kernel_mask(mask) -> np.ndarray:
+    """The kernels' mask: uint8 (1 or G, 1 or nq, n) from a bool mask already broadcast to
+    that shape by the caller; None gives (1, 1, 0), which attends every key."""
+    if mask is None:
+        return np.zeros((1, 1, 0), dtype=np.uint8)
+    return np.ascontiguousarray(mask, dtype=np.uint8)
 
 
 def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, block: int, u: float,
-                    ue: float, q32: float, with_bound: bool = True):
+                    ue: float, q32: float, with_bound: bool = True, mask=None,
+                    causal: bool = False):
     """(out float32 (G, nq, dv), bound float64 (G, nq, dv), rescales int64 (G, nq)).
 
     Inputs validated by the caller: float32, finite, q (G, nq, d), k (G, n, d), v (G, n, dv),
-    1 <= n <= MAX_KEYS. ``u``, ``ue``, ``q32``: unit roundoff, exp relative error and the
-    smallest subnormal of the format.
+    1 <= n <= MAX_KEYS; ``mask`` None or bool (1 or G, 1 or nq, n), True = attend;
+    ``causal``: row i attends keys j <= i. ``u``, ``ue``, ``q32``: unit roundoff, exp
+    relative error and the smallest subnormal of the format.
     Without ``with_bound`` the bound array is empty (timing of the forward pass alone).
     """
     q, k, v = (np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v))
@@ -191,13 +262,16 @@ def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, block: int, u: 
     rescales = np.zeros((g_count, nq), dtype=np.int64)
     with caller_threads():  # numba.get_num_threads() starts the threading layer too
         chunks = max(1, min(g_count * nq, 8 * get_num_threads()))
-        attention_rows(q, k, v, int(block), scale, u, ue, q32, out, bound, rescales, chunks)
+        attention_rows(q, k, v, kernel_mask(mask), bool(causal), int(block), scale, u, ue, q32,
+                       out, bound, rescales, chunks)
     return out, bound, rescales
 
 
 @njit(cache=True, parallel=True)
-def _bound_rows(q, k, v, scores, big_m, rescales, block, u, ue, q32, bound, chunks):
+def _bound_rows(q, k, v, mask, causal, scores, big_m, rescales, block, u, ue, q32, bound,
+                chunks):
     g_count, nq, _ = q.shape
+    n = k.shape[1]
     dv = v.shape[2]
     rows = g_count * nq
     for ch in prange(chunks):
@@ -207,20 +281,25 @@ def _bound_rows(q, k, v, scores, big_m, rescales, block, u, ue, q32, bound, chun
         for r in range(ch * rows // chunks, (ch + 1) * rows // chunks):
             g = r // nq
             i = r - g * nq
-            _row_bound(q[g, i], k[g], v[g], scores[g, i], big_m[g, i], rescales[g, i], block,
-                       u, ue, q32, nsum, asum, ssum, bound[g, i])
+            nlim = min(i + 1, n) if causal else n
+            _row_bound(q[g, i], k[g], v[g], _mask_row(mask, g, i), nlim, scores[g, i],
+                       big_m[g, i], rescales[g, i], block, u, ue, q32, nsum, asum, ssum,
+                       bound[g, i])
 
 
 def attention_bound(q, k, v, scores, big_m, rescales, block: int, u: float, ue: float,
-                    q32: float) -> np.ndarray:
+                    q32: float, mask=None, causal: bool = False) -> np.ndarray:
     """The bound of the module docstring for a forward pass run elsewhere (the Triton kernel):
-    its float32 scores (G, nq, n), final running max (G, nq) and rescale counts (G, nq).
-    Valid for any kernel with this algorithm's structure (any order inside a tile)."""
+    its float32 scores (G, nq, n), final running max (G, nq) and rescale counts (G, nq), with
+    the same ``mask``/``causal`` as ``flash_attention`` (scores of masked keys are not read).
+    Valid for any kernel with this algorithm's structure (any order inside a tile, a tile
+    without an attended key adds exact zeros)."""
     q, k, v, scores = (np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v, scores))
     big_m = np.ascontiguousarray(big_m, dtype=np.float32)
     rescales = np.ascontiguousarray(rescales, dtype=np.int64)
     bound = np.empty((q.shape[0], q.shape[1], v.shape[2]))
     with caller_threads():
         chunks = max(1, min(q.shape[0] * q.shape[1], 8 * get_num_threads()))
-        _bound_rows(q, k, v, scores, big_m, rescales, int(block), u, ue, q32, bound, chunks)
+        _bound_rows(q, k, v, kernel_mask(mask), bool(causal), scores, big_m, rescales,
+                    int(block), u, ue, q32, bound, chunks)
     return bound
