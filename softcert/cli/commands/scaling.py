@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from softcert.cli import common, dataset
+from softcert.cli import common, dataset, model_formats
 from softcert.cli.store import load
 
 MODEL_UP_TO = 8  # workers drawn for the model curve
 
 
 def configure(parser):
-    parser.add_argument("--model", default="mnist-vit1", help="zoo name, checkpoint or ONNX file")
+    model_formats.add_arguments(parser, "mnist-vit1", many=False)
     parser.add_argument("--eps", type=float, default=0.01)
     parser.add_argument("--methods", nargs="+", default=["crown"], metavar="METHOD")
     parser.add_argument("--n", type=int, default=200, help="first n test images")
@@ -59,12 +59,14 @@ def run(args) -> int:
     torch.set_num_threads(1)
     if any(w < 1 for w in args.workers):
         raise ValueError("--workers: every cluster size must be >= 1")
-    job = dataset.Job((args.model,), (args.eps,), tuple(args.methods), args.n)
+    job = dataset.Job((args.model,), (args.eps,), tuple(args.methods), args.n, data=args.data,
+                      allow_pickle=args.allow_pickle)
+    dataset.load(args.model, args.data, args.allow_pickle)  # the model and its data load (or fail) first
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = common.command_line(args, "scaling", [
-        ("--model", args.model), ("--eps", args.eps), ("--methods", args.methods), ("--n", args.n),
-        ("--workers", args.workers), ("--out", args.out)])
+        ("--model", args.model), ("--data", args.data), ("--allow-pickle", args.allow_pickle), ("--eps", args.eps),
+        ("--methods", args.methods), ("--n", args.n), ("--workers", args.workers), ("--out", args.out)])
     runs = []
     with tempfile.TemporaryDirectory(prefix="softcert-scaling-") as scratch:
         for workers in [None, *args.workers]:
