@@ -168,6 +168,29 @@ def test_softmax_output_property_is_decided_exactly_by_vertex(seed):
     assert exact - 1e-9 * max(1.0, abs(exact)) <= lv + 1e-9 and lv <= exact
 
 
+def test_auto_method_is_vertex_where_there_is_a_softmax(mlp):
+    """The default "auto" proves what vertex proves on a softmax output (crown leaves the same
+    property open), and is crown on a network without a softmax."""
+    from softcert.certify.vnncomp import chosen_method
+
+    rng = np.random.default_rng(0)
+    n = 4
+    lo = rng.uniform(-2, 1, n).round(3)
+    hi = lo + rng.uniform(0.1, 2, n).round(3)
+    c = np.array([1.0, -2.0, 1.0, 2.0])
+    net = read_onnx(softmax_model(n))
+    exact = float(brute_force_extrema(c, lo, hi)[0])
+    s = "".join(f"(declare-const X_{i} Real)\n" for i in range(n)) + \
+        "".join(f"(declare-const Y_{j} Real)\n" for j in range(n))
+    s += "".join(f"(assert (>= X_{i} {float(lo[i])!r}))(assert (<= X_{i} {float(hi[i])!r}))\n" for i in range(n))
+    expr = "(+ " + " ".join(f"(* {float(c[j])!r} Y_{j})" for j in range(n)) + ")"
+    prop = parse_vnnlib(s + f"(assert (<= {expr} {exact - 1e-6!r}))\n")
+    auto = solve(net, prop, 30, max_boxes=1)
+    assert auto.result == "unsat" and auto.method == "vertex"
+    assert solve(net, prop, 30, "crown", max_boxes=1).result == "unknown"
+    assert chosen_method(mlp[1], "auto") == "crown" and chosen_method(net, "ibp") == "ibp"
+
+
 def test_softmax_output_inside_a_network(tmp_path):
     """Bounds on the probabilities of a classifier ending in Softmax; unsat checked on samples."""
     torch.manual_seed(3)

@@ -26,10 +26,10 @@ def configure(parser) -> None:
     parser.add_argument("property", help="the VNN-LIB 1.0 or 2.0 property (.vnnlib or .vnnlib.gz)")
     parser.add_argument("--timeout", type=float, required=True, help="time budget in seconds, loading included")
     parser.add_argument("--out", required=True, help="the result file to write (VNN-COMP format)")
-    parser.add_argument("--method", default="crown",
-                        help="bounding method for the unsat proof, one of certify.vnncomp.SOLVE_METHODS: a bound "
-                             "method that needs no PyTorch model (ibp, crown, vertex, alpha-crown, ...) or bab "
-                             "(default: crown)")
+    parser.add_argument("--method", default="auto",
+                        help="bounding method for the unsat proof, one of certify.vnncomp.SOLVE_METHODS: auto (vertex "
+                             "where the network has a softmax, else crown), a bound method that needs no PyTorch "
+                             "model (ibp, crown, vertex, alpha-crown, ...) or bab (default: auto)")
     parser.add_argument("--max-boxes", type=int, default=64,
                         help="input-bisection budget per region (default: 64 boxes)")
 

@@ -135,9 +135,9 @@ def configure(parser) -> None:
                    help="for sat, write DIR/NAME.pb (ONNX TensorProto) per variable instead of printing the values")
     v.add_argument("--unsat-proofs", metavar="PATH", default=None,
                    help="not supported (supports --unsat-proofs: false); given, it is an error")
-    v.add_argument("--method", default="crown",
+    v.add_argument("--method", default="auto",
                    help="not standard: the bounding method of the unsat proof, one of certify.vnncomp.SOLVE_METHODS "
-                        "(default: crown)")
+                        "(default: auto, vertex where the network has a softmax, else crown)")
     v.add_argument("--float-as-real", action="store_true",
                    help="not standard: read float32/float64 declarations as real (consent to a proof in real "
                         "arithmetic, which the standard asks to be written as `real` in the query)")
