@@ -434,22 +434,36 @@ def _sqrt_of(b, x, name):
 
 
 def _pow(lw, name, at, x, e):
-    e = np.asarray(_need_const(e, "the exponent"))
+    """x ** e for a constant scalar e: the registered operators where they are exact (square,
+    sqrt, reciprocal, rsqrt), products of squares for integers |e| <= 64 (x³ = x · x², a
+    bilinear relaxation; negative integers through reciprocal, which needs positive bounds),
+    1 for e = 0 (ONNX: 0⁰ = 1), and exp(-e · neg_log x) for any other e (real only for x > 0;
+    neg_log refuses bounds that reach below 0, naming itself)."""
+    e = np.asarray(_need_const(e, "the exponent (an input-dependent exponent is not read)"))
     if e.size != 1:
-        raise ValueError("only a scalar exponent is supported")
+        raise ValueError(f"only a scalar exponent is supported, got shape {e.shape}")
     e = float(e.reshape(-1)[0])
     b = lw.b
-    if e == 1:
+    if not math.isfinite(e):
+        raise ValueError(f"exponent {e!r} is not finite")
+    named = {1.0: lambda: x, 2.0: lambda: b.unary("square", x, name), 0.5: lambda: _sqrt_of(b, x, name),
+             -1.0: lambda: b.unary("reciprocal", x, name), -0.5: lambda: b.unary("rsqrt", x, name),
+             0.0: lambda: np.ones(lw.shape(x), dtype=np.float64)}
+    if e in named:
+        return named[e]()
+    if e == int(e) and abs(e) <= 64:
+        power = _integer_power(b, x, int(abs(e)), name)
+        return power if e > 0 else b.unary("reciprocal", power, name)
+    return b.unary("exp", b.mul(b.unary("neg_log", x, name), const(-e), name), name)
+
+
+def _integer_power(b, x, k, name):
+    """x ** k (k >= 1) by squaring: x^(2m) = (x^m)², x^(2m+1) = x · x^(2m)."""
+    if k == 1:
         return x
-    if e == 2:
-        return b.unary("square", x, name)
-    if e == 0.5:
-        return _sqrt_of(b, x, name)
-    if e == -1:
-        return b.unary("reciprocal", x, name)
-    if e == -0.5:
-        return b.unary("rsqrt", x, name)
-    raise ValueError(f"exponent {e!r} is not supported (1, 2, 0.5, -1, -0.5)")
+    half = _integer_power(b, x, k // 2, name)
+    even = b.unary("square", half, name)
+    return b.mul(x, even, name) if k % 2 else even
 
 
 def _identity(lw, name, at, x, *rest):
@@ -594,6 +608,31 @@ def _gather(lw, name, at, x, idx):
     flat = torch.from_numpy(np.where(idx < 0, idx + shape[a], idx).reshape(-1))
     out = shape[:a] + idx.shape + shape[a + 1:]
     return lw.b.rearrange(x, lambda t: t.index_select(a, flat).reshape(out), name)
+
+
+def _split(lw, name, at, x, split=None):
+    """ONNX Split: pieces of ``x`` along ``axis`` (default 0), sized by ``split`` (an input
+    from opset 13, an attribute before), else equal pieces, one per output (from opset 18 the
+    last may be smaller: ceil(dim / num_outputs) each)."""
+    shape = lw.shape(x)
+    a = _axis(at.get("axis", 0), len(shape))
+    n_out = len(lw.node.output)
+    sizes = at.get("split") if split is None else split
+    if sizes is not None:
+        sizes = _ints(_need_const(sizes, "split"))
+    elif shape[a] % n_out == 0 or lw.opset >= 18:
+        step = -(-shape[a] // n_out)
+        sizes = [min(step, shape[a] - i * step) for i in range(n_out)]
+    else:
+        raise ValueError(f"axis {a} of size {shape[a]} does not split into {n_out} equal pieces")
+    if len(sizes) != n_out or sum(sizes) != shape[a] or min(sizes) < 0:
+        raise ValueError(f"split sizes {sizes} do not cut axis {a} of size {shape[a]} into {n_out} outputs")
+    starts = np.cumsum([0, *sizes[:-1]])
+
+    def piece(s, k):
+        idx = torch.arange(int(s), int(s) + k, dtype=torch.int64)
+        return lw.b.rearrange(x, lambda t: t.index_select(a, idx), name)
+    return tuple(piece(s, k) for s, k in zip(starts, sizes))
 
 
 def _concat(lw, name, at, *xs):
@@ -760,7 +799,7 @@ RULES = {
     "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _matmul,
     "Neg": _neg, "Pow": _pow, "Reciprocal": _unary("reciprocal"), "ReduceMean": _reduce(True),
     "ReduceSum": _reduce(False), "Relu": _unary("relu"), "Reshape": _reshape, "Shape": _shape,
-    "Sigmoid": _unary("sigmoid"), "Slice": _slice, "Softmax": _softmax, "Sqrt": _unary("sqrt"), "Squeeze": _squeeze,
+    "Sigmoid": _unary("sigmoid"), "Slice": _slice, "Softmax": _softmax, "Split": _split, "Sqrt": _unary("sqrt"), "Squeeze": _squeeze,
     "Tanh": _unary("tanh"), "Transpose": _transpose, "Unsqueeze": _unsqueeze,
 }
 

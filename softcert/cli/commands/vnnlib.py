@@ -46,8 +46,8 @@ ONNX_ELEMENT_TYPES = ("real",)
 ONNX_OPERATORS_READ = (
     "Add", "BatchNormalization", "Cast", "Concat", "Constant", "ConstantOfShape", "Conv", "Div", "Dropout", "Erf",
     "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Identity", "LayerNormalization", "MatMul", "Mul", "Neg",
-    "Pow", "Reciprocal", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Slice", "Softmax", "Sqrt",
-    "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
+    "Pow", "Reciprocal", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Slice", "Softmax", "Split",
+    "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
 )
 #: operators read only in part: not reported by ``supports --onnx-operators`` (the standard's
 #: list can restrict an operator by element type only); ``supports --onnx-operators-partial``
@@ -60,7 +60,8 @@ PARTIAL_OPERATORS = {
     "Dropout": "inference mode only (training mode draws random numbers)",
     "Erf": "only inside the exporters' GELU pattern x * 0.5 * (1 + erf(x / sqrt(2)))",
     "LayerNormalization": "over the last axis only",
-    "Pow": "constant scalar exponent 1, 2, 0.5, -1 or -0.5 (the negative ones on positive bounds)",
+    "Pow": "constant scalar exponent: integers on any bounds (negative ones on positive bounds), other values on "
+           "positive bounds (an input-dependent exponent is refused)",
     "Reciprocal": "on positive bounds only",
 }
 #: ``supports --onnx-operators``: every read operator not read in part (no element types
