@@ -680,25 +680,100 @@ def _layer_norm(lw, name, at, x, scale, bias=None):
     return y, None, None
 
 
+def _pads(at, spatial, kernel, stride, dil) -> tuple:
+    """ONNX pads (begin..., end...) of a convolution or pooling: explicit ``pads``, or from
+    ``auto_pad`` (VALID: none; SAME_UPPER / SAME_LOWER: output ceil(in / stride), the odd pad
+    at the end / the beginning)."""
+    mode = at.get("auto_pad", "NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    r = len(spatial)
+    if mode in ("NOTSET", ""):
+        return tuple(at.get("pads", (0,) * (2 * r)))
+    if mode == "VALID":
+        return (0,) * (2 * r)
+    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ValueError(f"auto_pad={mode!r} is not an ONNX mode")
+    total = [max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0) for n, k, s, d in zip(spatial, kernel, stride, dil)]
+    small = [t // 2 for t in total]
+    big = [t - t // 2 for t in total]
+    return tuple(small + big) if mode == "SAME_UPPER" else tuple(big + small)
+
+
 def _conv(lw, name, at, x, w, bias=None):
+    """2-D convolution (``ops.conv2d_params``); 1-D as 2-D over a unit axis; every auto_pad."""
     b = lw.b
-    w = _t(_need_const(w, "the weight"))
+    w = np.asarray(_need_const(w, "the weight"))
+    shape = lw.shape(x)
+    if len(shape) not in (3, 4) or w.ndim != len(shape):
+        raise ValueError(f"only 1-D and 2-D convolutions are supported (input rank {len(shape)})")
+    if len(shape) == 3:  # (N, C, L) as (N, C, 1, L)
+        x = b.rearrange(x, lambda t: t.unsqueeze(2), name)
+        w = np.expand_dims(w, 2)
+        at = {**at, "strides": [1, *at.get("strides", (1,))], "dilations": [1, *at.get("dilations", (1,))],
+              **({"pads": [0, at["pads"][0], 0, at["pads"][1]]} if "pads" in at else {})}
+        y = _conv(lw, name, at, x, w, bias)
+        return b.rearrange(y, lambda t: t.squeeze(2), name)
+    w = _t(w)
     if bias is not None:
         bias = _t(_need_const(bias, "the bias"))
-    shape = lw.shape(x)
-    if len(shape) != 4 or w.dim() != 4:
-        raise ValueError(f"only 2-D convolution is supported (input rank {len(shape)})")
-    if at.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise ValueError(f"auto_pad={at['auto_pad']!r} (give explicit pads)")
     stride = tuple(at.get("strides", (1, 1)))
     dil = tuple(at.get("dilations", (1, 1)))
-    pads = tuple(at.get("pads", (0, 0, 0, 0)))
+    pads = _pads(at, shape[2:], tuple(w.shape[2:]), stride, dil)
     groups = int(at.get("group", 1))
     if w.shape[1] * groups != shape[1]:
         raise ValueError(f"weight {tuple(w.shape)} does not fit {shape[1]} input channels in {groups} groups")
     # ONNX writes pads as (top, left, bottom, right); conv2d takes (top, bottom, left, right)
     params = ops.conv2d_params(w, bias, stride, (pads[0], pads[2], pads[1], pads[3]), dil, groups, in_shape=shape)
     return b.node("conv2d", [x], params["out_shape"], name, **params)
+
+
+def _max_pool(lw, name, at, x):
+    """MaxPool over 1, 2 or 3 spatial axes as nested maxima max(a, b) = b + relu(a - b): exact,
+    so every relaxation is ReLU's (and branch and bound splits there). A window's positions in
+    the padding are replaced by one of its own input positions (max is idempotent)."""
+    if len(lw.node.output) > 1 and lw.node.output[1]:
+        raise ValueError("the Indices output is not read (an integer result)")
+    shape = lw.shape(x)
+    kernel = tuple(at["kernel_shape"])
+    r = len(kernel)
+    if len(shape) != r + 2:
+        raise ValueError(f"kernel_shape {kernel} does not fit the input shape {shape}")
+    stride = tuple(at.get("strides", (1,) * r))
+    dil = tuple(at.get("dilations", (1,) * r))
+    pads = _pads(at, shape[2:], kernel, stride, dil)
+    windows = _pool_windows(shape[2:], kernel, stride, dil, pads, bool(at.get("ceil_mode", 0)))
+    out_shape = shape[:2] + windows.shape[:r]
+    b, m = lw.b, None
+    for t in range(windows.shape[-1]):
+        idx = torch.from_numpy(windows[..., t].reshape(-1))
+        piece = b.rearrange(x, lambda v, i=idx: v.flatten(2).index_select(2, i).reshape(out_shape), name)
+        m = piece if m is None else b.add(piece, b.unary("relu", b.sub(m, piece, name), name), name)
+    return m
+
+
+def _pool_windows(spatial, kernel, stride, dil, pads, ceil_mode) -> np.ndarray:
+    """(*out spatial, prod(kernel)) flat input positions of every pooling window, a padding
+    position replaced by the window's first input position."""
+    import itertools
+
+    r = len(spatial)
+    rnd = math.ceil if ceil_mode else math.floor
+    outs = [int(rnd((n + pads[i] + pads[i + r] - ((k - 1) * d + 1)) / s)) + 1
+            for i, (n, k, s, d) in enumerate(zip(spatial, kernel, stride, dil))]
+    if ceil_mode:  # ONNX/PyTorch: the last window must start inside the input or the left padding
+        outs = [o - 1 if (o - 1) * s >= n + p else o for o, s, n, p in zip(outs, stride, spatial, pads[:r])]
+    if min(outs) < 1:
+        raise ValueError(f"the pooling window {kernel} does not fit the input {tuple(spatial)} with pads {pads}")
+    win = np.empty((*outs, math.prod(kernel)), dtype=np.int64)
+    for o in itertools.product(*map(range, outs)):
+        coords = [[o[i] * stride[i] - pads[i] + t * dil[i] for t in range(kernel[i])] for i in range(r)]
+        flat = [int(np.ravel_multi_index(c, spatial)) if all(0 <= c[i] < spatial[i] for i in range(r)) else -1
+                for c in itertools.product(*coords)]
+        inside = [f for f in flat if f >= 0]
+        if not inside:
+            raise ValueError(f"a pooling window at output {o} lies in the padding only")
+        win[o] = [f if f >= 0 else inside[0] for f in flat]
+    return win
 
 
 def _shape(lw, name, at, x):
@@ -799,7 +874,7 @@ RULES = {
     "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _matmul,
     "Neg": _neg, "Pow": _pow, "Reciprocal": _unary("reciprocal"), "ReduceMean": _reduce(True),
     "ReduceSum": _reduce(False), "Relu": _unary("relu"), "Reshape": _reshape, "Shape": _shape,
-    "Sigmoid": _unary("sigmoid"), "Slice": _slice, "Softmax": _softmax, "Split": _split, "Sqrt": _unary("sqrt"), "Squeeze": _squeeze,
+    "Sigmoid": _unary("sigmoid"), "Slice": _slice, "Softmax": _softmax, "Split": _split, "MaxPool": _max_pool, "Sqrt": _unary("sqrt"), "Squeeze": _squeeze,
     "Tanh": _unary("tanh"), "Transpose": _transpose, "Unsqueeze": _unsqueeze,
 }
 

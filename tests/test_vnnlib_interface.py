@@ -187,13 +187,20 @@ def _dropout():
 
 #: per operator withheld from ``supports --onnx-operators``: a node the reader refuses (and
 #: the words of its refusal)
+def _maxpool_indices():
+    m = _one_node("MaxPool", (1, 1, 4, 4), (1, 1, 2, 2), kernel_shape=[2, 2], strides=[2, 2])
+    m.graph.node[0].output.append("i")
+    return m
+
+
 REFUSED = {
     "BatchNormalization": (lambda: _bn(True), "training mode"),
     "Cast": (lambda: _one_node("Cast", (1, 4), (1, 4), to=TensorProto.INT64, out_type=TensorProto.INT64),
              "loses precision"),
-    "Conv": (lambda: _one_node("Conv", (1, 1, 4, 4), (1, 1, 4, 4), inits=[("w", np.ones((1, 1, 3, 3)))],
-                               inputs=("x", "w"), auto_pad="SAME_UPPER"), "auto_pad"),
+    "Conv": (lambda: _one_node("Conv", (1, 1, 2, 2, 2), (1, 1, 2, 2, 2), inits=[("w", np.ones((1, 1, 1, 1, 1)))],
+                               inputs=("x", "w")), "only 1-D and 2-D"),
     "Dropout": (_dropout, "training mode"),
+    "MaxPool": (lambda: _maxpool_indices(), "Indices"),
     "Erf": (lambda: _one_node("Erf", (1, 4), (1, 4)), "GELU pattern"),
     "LayerNormalization": (lambda: _one_node("LayerNormalization", (1, 2, 3), (1, 2, 3), opset=17,
                                              inits=[("s", np.ones((2, 3)))], inputs=("x", "s"), axis=1),

@@ -45,9 +45,9 @@ ONNX_ELEMENT_TYPES = ("real",)
 #: tests/test_vnnlib_interface.py checks that the copy is equal)
 ONNX_OPERATORS_READ = (
     "Add", "BatchNormalization", "Cast", "Concat", "Constant", "ConstantOfShape", "Conv", "Div", "Dropout", "Erf",
-    "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Identity", "LayerNormalization", "MatMul", "Mul", "Neg",
-    "Pow", "Reciprocal", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Slice", "Softmax", "Split",
-    "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
+    "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Identity", "LayerNormalization", "MatMul", "MaxPool",
+    "Mul", "Neg", "Pow", "Reciprocal", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Slice",
+    "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
 )
 #: operators read only in part: not reported by ``supports --onnx-operators`` (the standard's
 #: list can restrict an operator by element type only); ``supports --onnx-operators-partial``
@@ -55,11 +55,12 @@ ONNX_OPERATORS_READ = (
 PARTIAL_OPERATORS = {
     "BatchNormalization": "inference mode only (training mode, batch statistics, is refused)",
     "Cast": "only float32/float64 casts that lose no precision (to float16, bfloat16, integers or bool refused)",
-    "Conv": "2-D only, auto_pad NOTSET or VALID (SAME_UPPER/SAME_LOWER and 1-D/3-D refused)",
+    "Conv": "1-D and 2-D, every auto_pad (3-D refused)",
     "Div": "by a constant, or by a perturbed divisor whose bounds are positive",
     "Dropout": "inference mode only (training mode draws random numbers)",
     "Erf": "only inside the exporters' GELU pattern x * 0.5 * (1 + erf(x / sqrt(2)))",
     "LayerNormalization": "over the last axis only",
+    "MaxPool": "the values only (a second output, Indices, is refused)",
     "Pow": "constant scalar exponent: integers on any bounds (negative ones on positive bounds), other values on "
            "positive bounds (an input-dependent exponent is refused)",
     "Reciprocal": "on positive bounds only",
