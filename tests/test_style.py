@@ -61,13 +61,14 @@ def _res(methods=("ibp", "crown", "vertex"), eps=(0.01, 0.0125, 0.015, 0.0175, 0
             rows.append(dict(eps=e, method=m, n=6, certified_k=k, certified_acc=k / 6, certified_ci=clopper_pearson(k, 6),
                              pgd_k=6, pgd_acc=1.0, pgd_ci=clopper_pearson(6, 6)))
     heads = [[0.5, 0.7]]
-    return {"certify": {"rows": rows},
+    return {"model": {"spec": "zoo:digits-vit1"}, "certify": {"rows": rows},
             "radii": {"per_image_pi": [0.1, 0.2, 0.3], "per_image_root": [0.2, 0.4, 1.0],
                       "exact": [{"exact": 0.25}, {"exact": None}]},
             "topk": {"model": {"0.01": {"mean_k": heads, "mean_n": [[1.0, 1.0]]}}},
             "fp": {"table": [dict(n=n, algorithm=a, rel_in_u=f * (20 + n / 16)) for n in (16, 128) for a, f in
                              (("three_pass", 1.0), ("online", 3.0), ("tree", 1.0))],
-                   "measured": [dict(n=16, max_measured_u=0.0), dict(n=128, max_measured_u=16 / spread)]}}
+                   "measured": [dict(n=16, source="model", max_measured_u=0.0),
+                                dict(n=128, source="minilm", max_measured_u=16 / spread)]}}
 
 
 def _labels_overlap(fig, ax, axis):

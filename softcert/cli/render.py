@@ -147,12 +147,13 @@ def fp_figure(plt, fpr):
     log = style.spans_decades([r["rel_in_u"] for r in fpr["table"]] + [m["max_measured_u"] for m in ms])
     # a measured error of 0 has no place on a log axis: drawn at the floor, said in the legend
     floor = 1e-3 if log else 0.0
-    zero = log and any(m["max_measured_u"] < floor for m in ms)
     for si, source in enumerate(dict.fromkeys(m["source"] for m in ms)):  # the model's rows, MiniLM's
         mine = [m for m in ms if m["source"] == source]
+        zero = log and any(m["max_measured_u"] < floor for m in mine)
         ax.plot([m["n"] for m in mine], [max(m["max_measured_u"], floor) for m in mine], linestyle="none",
                 marker="x+"[si % 2], color="#000000",
-                label=f"measured, {'MiniLM' if source == 'minilm' else 'model'}" + (f" (0 at {floor:g})" if zero else ""))
+                label=f"measured, {'MiniLM' if source == 'minilm' else 'model'}"
+                      + (f" (0 drawn at {floor:g})" if zero else ""))
     if log:
         style.log_axis(ax, "y", [r["rel_in_u"] for r in fpr["table"]] + [max(m["max_measured_u"], floor) for m in ms])
     else:
