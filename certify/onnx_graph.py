@@ -635,6 +635,20 @@ def _split(lw, name, at, x, split=None):
     return tuple(piece(s, k) for s, k in zip(starts, sizes))
 
 
+def _where(lw, name, at, cond, a, b):
+    """Where(cond, a, b) for a constant condition (e.g. a mask): a·m + b·(1 - m), m = cond as
+    0/1, exact. A condition that depends on the input (a comparison of perturbed values, a
+    step function) and non-finite constant branches (an additive -inf mask) are refused."""
+    c = np.asarray(_need_const(cond, "the condition (a comparison of perturbed values, a step function, is not read)"))
+    shape = tuple(np.broadcast_shapes(c.shape, lw.shape(a), lw.shape(b)))
+    for what, v in (("first", a), ("second", b)):
+        if not isinstance(v, int) and not np.all(np.isfinite(np.asarray(v, dtype=np.float64))):
+            raise ValueError(f"the {what} branch is a constant with non-finite values (an -inf mask is not read)")
+    m = np.broadcast_to(c.astype(bool), shape)
+    keep, other = const(torch.from_numpy(m.astype(np.float64))), const(torch.from_numpy((~m).astype(np.float64)))
+    return lw.b.add(lw.b.mul(_f(a), keep, name), lw.b.mul(_f(b), other, name), name)
+
+
 def _concat(lw, name, at, *xs):
     xs = [x for x in xs if x is not None and (isinstance(x, int) or np.size(x) or np.ndim(x) != 1)]
     r = len(lw.shape(next(x for x in xs if isinstance(x, int))))
@@ -874,7 +888,7 @@ RULES = {
     "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _matmul,
     "Neg": _neg, "Pow": _pow, "Reciprocal": _unary("reciprocal"), "ReduceMean": _reduce(True),
     "ReduceSum": _reduce(False), "Relu": _unary("relu"), "Reshape": _reshape, "Shape": _shape,
-    "Sigmoid": _unary("sigmoid"), "Slice": _slice, "Softmax": _softmax, "Split": _split, "MaxPool": _max_pool, "Sqrt": _unary("sqrt"), "Squeeze": _squeeze,
+    "Sigmoid": _unary("sigmoid"), "Slice": _slice, "Softmax": _softmax, "Split": _split, "MaxPool": _max_pool, "Where": _where, "Sqrt": _unary("sqrt"), "Squeeze": _squeeze,
     "Tanh": _unary("tanh"), "Transpose": _transpose, "Unsqueeze": _unsqueeze,
 }
 

@@ -193,6 +193,12 @@ def _maxpool_indices():
     return m
 
 
+def _where_inf():
+    m = _one_node("Where", (1, 4), (1, 4), inputs=("c", "x", "n"), inits=[("n", np.full((1, 4), -np.inf))])
+    m.graph.initializer.append(numpy_helper.from_array(np.array([[True, False, True, False]]), "c"))
+    return m
+
+
 REFUSED = {
     "BatchNormalization": (lambda: _bn(True), "training mode"),
     "Cast": (lambda: _one_node("Cast", (1, 4), (1, 4), to=TensorProto.INT64, out_type=TensorProto.INT64),
@@ -201,6 +207,7 @@ REFUSED = {
                                inputs=("x", "w")), "only 1-D and 2-D"),
     "Dropout": (_dropout, "training mode"),
     "MaxPool": (lambda: _maxpool_indices(), "Indices"),
+    "Where": (lambda: _where_inf(), "non-finite"),
     "Erf": (lambda: _one_node("Erf", (1, 4), (1, 4)), "GELU pattern"),
     "LayerNormalization": (lambda: _one_node("LayerNormalization", (1, 2, 3), (1, 2, 3), opset=17,
                                              inits=[("s", np.ones((2, 3)))], inputs=("x", "s"), axis=1),

@@ -47,7 +47,7 @@ ONNX_OPERATORS_READ = (
     "Add", "BatchNormalization", "Cast", "Concat", "Constant", "ConstantOfShape", "Conv", "Div", "Dropout", "Erf",
     "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Identity", "LayerNormalization", "MatMul", "MaxPool",
     "Mul", "Neg", "Pow", "Reciprocal", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Slice",
-    "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
+    "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze", "Where",
 )
 #: operators read only in part: not reported by ``supports --onnx-operators`` (the standard's
 #: list can restrict an operator by element type only); ``supports --onnx-operators-partial``
@@ -64,6 +64,7 @@ PARTIAL_OPERATORS = {
     "Pow": "constant scalar exponent: integers on any bounds (negative ones on positive bounds), other values on "
            "positive bounds (an input-dependent exponent is refused)",
     "Reciprocal": "on positive bounds only",
+    "Where": "a constant condition with finite constant branches (a comparison of perturbed values is refused)",
 }
 #: ``supports --onnx-operators``: every read operator not read in part (no element types
 #: after a name: all of ONNX_ELEMENT_TYPES)

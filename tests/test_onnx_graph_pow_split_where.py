@@ -1,4 +1,4 @@
-"""certify.onnx_graph's Pow (any constant exponent) and Split (issue 33).
+"""certify.onnx_graph's Pow (any constant exponent), Split and Where with a constant condition (issue 33).
 
 Oracles: onnxruntime's outputs on sampled points of the box lie inside the CROWN bounds, and
 the verifier's own forward pass matches onnxruntime (float32 tolerance)."""
@@ -81,3 +81,31 @@ def test_split_that_does_not_fit_is_named():
               check=False)
     with pytest.raises(ValueError, match="Split at node 'cut': split sizes \\[1, 2\\] do not cut axis 1 of size 4"):
         read_onnx(m)
+
+
+# ---------------------------------------------------------------- Where
+MASK = np.array([[True, False, True]])
+
+
+@pytest.mark.parametrize("other", ["const", "perturbed", "broadcast"])
+def test_where_with_a_constant_condition(other):
+    nodes = [helper.make_node("Mul", ["x", "two"], ["x2"])]
+    inits = [("m", MASK), ("two", np.float32(2.0)), ("c", np.array([[5.0, -1.0, 0.5]], np.float32)),
+             ("s", np.float32(-3.0))]
+    b = {"const": "c", "perturbed": "x2", "broadcast": "s"}[other]
+    nodes.append(helper.make_node("Where", ["m", "x", b], ["y"]))
+    lo, hi = _encloses(model(nodes, [1, 3], [1, 3], inits=inits), XL, XU)
+    if other == "const":  # the masked-out entry is the constant itself (up to the rounding charges)
+        assert lo[1] <= -1.0 <= hi[1] and hi[1] - lo[1] < 1e-12
+
+
+def test_where_refuses_what_it_cannot_read():
+    cmp = model([helper.make_node("Greater", ["x", "z"], ["g"]), helper.make_node("Where", ["g", "x", "z"], ["y"],
+                                                                                    name="sel")],
+                [1, 3], [1, 3], inits=[("z", np.zeros((1, 3), np.float32))], check=False)
+    with pytest.raises(ValueError, match="unsupported ONNX operator Greater|Where at node 'sel'.*condition"):
+        read_onnx(cmp)
+    inf = model([helper.make_node("Where", ["m", "x", "n"], ["y"], name="mask")], [1, 3], [1, 3],
+                inits=[("m", MASK), ("n", np.full((1, 3), -np.inf, np.float32))])
+    with pytest.raises(ValueError, match="Where at node 'mask': the second branch is a constant with non-finite"):
+        read_onnx(inf)
