@@ -335,6 +335,10 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "auto", *
                 if time.monotonic() > deadline:
                     raise _Timeout
                 batch, queue = queue[:8], queue[8:]
+                # parts of the box outside the input polytope hold no input of the region
+                batch = [b for b in batch if not r.excludes(*b)]
+                if not batch:
+                    continue
                 nboxes += len(batch)
                 budget -= len(batch)
                 for (lo, hi), ok in zip(batch, _proved(network, r, batch, method)):

@@ -60,6 +60,10 @@ class Region:
     disjuncts: tuple
     box: tuple | None = None
     rows: tuple | None = None
+    #: linear constraints over several inputs, per row (((i, a_i), ...), r, strict): Σ a_i X_i
+    #: < r or <= r in Fractions. The input set is the box cut by them (a polytope): bounds over
+    #: the box are sound for it, and a counterexample must satisfy them (``contains``)
+    input_rows: tuple = ()
 
     def satisfied(self, y, tol=0.0) -> bool:
         """Does output y (flat) satisfy some disjunct's float rows (each within ``tol``)?"""
@@ -90,7 +94,18 @@ class Region:
         box = self.exact_box()
         if x.size != len(box) or not np.all(np.isfinite(x)):
             return False
-        return all(_inside(Fraction(float(v)), b) for v, b in zip(x.tolist(), box))
+        q = [Fraction(float(v)) for v in x.tolist()]
+        return all(_inside(v, b) for v, b in zip(q, box)) and all(
+            _holds(sum((a * q[i] for i, a in coefs), Fraction(0)), r, strict) for coefs, r, strict in self.input_rows)
+
+    def excludes(self, lo, hi) -> bool:
+        """Does some input row hold nowhere on the box [lo, hi] (float arrays, read exactly)?
+        Then no input of the region lies there (exact minimum of Σ a_i X_i over the box)."""
+        for coefs, r, strict in self.input_rows:
+            least = sum((a * Fraction(float(lo[i] if a > 0 else hi[i])) for i, a in coefs), Fraction(0))
+            if not _holds(least, r, strict):
+                return True
+        return False
 
     def satisfied_exactly(self, y) -> bool:
         """Does output y (flat floats, each taken as its exact rational, e.g. a model's float32
@@ -467,7 +482,7 @@ def _term(atoms, vars_, where):
     """(exact box, exact rows) of one DNF term, or None when it is infeasible."""
     nx = vars_.nx
     lo, hi = [None] * nx, [None] * nx
-    rows = []
+    rows, xrows = [], []
     for coefs, c, strict, loc in atoms:
         roles = {r for r, _ in coefs}
         if not coefs:
@@ -475,9 +490,9 @@ def _term(atoms, vars_, where):
                 return None  # constant false
             continue
         if roles == {"X"}:
-            if len(coefs) > 1:
-                raise ValueError(f"{loc}: unsupported linear constraint on several inputs "
-                                 f"({', '.join(f'X_{i}' for _, i in coefs)}); only bounds on single inputs")
+            if len(coefs) > 1:  # Σ a_i X_i + c <= 0 (< 0): an input row Σ a_i X_i <= -c
+                xrows.append((tuple(sorted((i, a) for (_, i), a in coefs.items())), -c, strict))
+                continue
             (_, i), a = next(iter(coefs.items()))
             if abs(c / a) > _FMAX:
                 raise ValueError(f"{loc}: bound of X_{i} beyond the float64 range (±1.8e308); every input "
@@ -496,7 +511,7 @@ def _term(atoms, vars_, where):
                              f"{'lower' if lo[i] is None else 'upper'} bound (every input needs a box)")
     if any(a > b or (a == b and (sa or sb)) for (a, sa), (b, sb) in zip(lo, hi)):
         return None
-    return tuple((a, sa, b, sb) for (a, sa), (b, sb) in zip(lo, hi)), rows
+    return tuple((a, sa, b, sb) for (a, sa), (b, sb) in zip(lo, hi)), rows, tuple(sorted(set(xrows)))
 
 
 class _Line:
@@ -567,13 +582,13 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
         r = _term(t, vars_, where)
         if r is None:
             continue
-        box, rows = r
-        regions.setdefault(box, []).append(rows)
+        box, rows, xrows = r
+        regions.setdefault((box, xrows), []).append(rows)
     out = []
-    for box, terms in regions.items():
+    for (box, xrows), terms in regions.items():
         parts = [_floats(box, rows, vars_.ny) for rows in terms]
         exact = tuple(tuple((coefs, r, s) for coefs, r, s, _ in rows) for rows in terms)
-        out.append(Region(parts[0][0], parts[0][1], tuple((m, b) for _, _, m, b in parts), box, exact))
+        out.append(Region(parts[0][0], parts[0][1], tuple((m, b) for _, _, m, b in parts), box, exact, xrows))
     return Property(tuple(out), vars_.nx, vars_.ny, version, network, where)
 
 

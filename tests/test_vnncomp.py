@@ -349,3 +349,25 @@ def test_cli_vnncomp_timeout_counts_from_process_start(mlp, tmp_path):
     assert p.returncode == 0 and p.stdout == "timeout\n", p.stdout + p.stderr
     assert out.read_text() == "timeout\n" and (tmp_path / "result.txt.json").exists()
     assert wall < 0.3 + 1.2, wall
+
+
+def test_an_input_polytope_decides_what_its_box_cannot(tmp_path):
+    """y = x0 + x1 on [0, 1]^2 cut by x0 + x1 <= 0.5: "y >= 0.9" is sat on the box, unsat on
+    the polytope (the bounds over sub-boxes, the parts outside it excluded exactly); "y >= 0.4
+    with x0 - x1 >= 0.2" is sat with a counterexample inside the polytope."""
+    lin = nn.Linear(2, 1)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.zero_()
+    path = export(lin, torch.zeros(1, 2), tmp_path / "sum.onnx")
+    net = read_onnx(path)
+    head = ("(declare-const X_0 Real)(declare-const X_1 Real)(declare-const Y_0 Real)\n"
+            "(assert (and (>= X_0 0) (<= X_0 1) (>= X_1 0) (<= X_1 1)))\n")
+    assert solve(net, parse_vnnlib(head + "(assert (>= Y_0 0.9))"), 30).result == "sat"
+    cut = parse_vnnlib(head + "(assert (<= (+ X_0 X_1) 0.5))(assert (>= Y_0 0.9))")
+    assert solve(net, cut, 30, "crown", max_boxes=64).result == "unsat"
+    prop = parse_vnnlib(head + "(assert (>= (- X_0 X_1) 0.2))(assert (>= Y_0 0.4))")
+    v = solve(net, prop, 30)
+    assert v.result == "sat" and prop.regions[0].contains(v.counterexample[0])
+    x = np.array(v.counterexample[0])
+    assert x[0] - x[1] >= 0.2 and ort_out(path, x)[0] >= 0.4

@@ -132,7 +132,9 @@ def test_literals_round_outward(bounds_, rhs):
     ("(assert (and (<= X_0 1) (>= X_0 0) (not (<= Y_0 1))))", "unsupported construct 'not'"),
     ("(assert (and (<= X_0 1) (>= X_0 0) (<= Z_0 1)))", "undeclared variable 'Z_0'"),
     ("(assert (and (<= X_0 1) (>= X_0 0) (<= Y_0 1))", "unbalanced"),
-    ("(declare-const X_1 Real)(assert (and (<= (+ X_0 X_1) 1) (>= X_0 0) (<= Y_0 1)))", "several inputs"),
+    # a constraint on several inputs is read (an input polytope), but every input still needs a box
+    ("(declare-const X_1 Real)(assert (and (<= (+ X_0 X_1) 1) (>= X_0 0) (<= X_0 1) (<= Y_0 1)))",
+     "X_1 has no lower bound"),
     ("(define-fun f () Real 1)", "unsupported construct 'define-fun'"),
 ])
 def test_unsupported_constructs_are_named(tmp_path, body, match):
@@ -158,3 +160,16 @@ def test_region_is_frozen():
     r = Region(np.zeros(1), np.ones(1), ())
     with pytest.raises(AttributeError):
         r.lower = np.ones(1)
+
+
+def test_linear_constraints_on_several_inputs_make_a_polytope():
+    """Σ a_i X_i <= r rows are kept exactly (strictness too); a point must satisfy them to be
+    in the region, and a box on which some row holds nowhere is excluded."""
+    text = ("(declare-const X_0 Real)(declare-const X_1 Real)(declare-const Y_0 Real)\n"
+            "(assert (and (>= X_0 0) (<= X_0 1) (>= X_1 0) (<= X_1 1)))\n"
+            "(assert (<= (+ X_0 X_1) 0.5))(assert (< (- X_0 X_1) 0.25))(assert (>= Y_0 0.9))\n")
+    (r,) = parse_vnnlib(text).regions
+    assert set(r.input_rows) == {(((0, Fraction(1)), (1, Fraction(1))), Fraction(1, 2), False),
+                                 (((0, Fraction(1)), (1, Fraction(-1))), Fraction(1, 4), True)}
+    assert r.contains([0.25, 0.25]) and not r.contains([0.3, 0.3]) and not r.contains([0.4, 0.0])
+    assert r.excludes(np.array([0.3, 0.3]), np.array([1.0, 1.0])) and not r.excludes(np.zeros(2), np.ones(2))

@@ -257,11 +257,12 @@ def test_the_reported_vnnlib_versions_are_read_and_the_theories_hold():
     theories = {name: set(supports(name)) for name in PERMITTED}
     assert theories == {"hidden-node-theories": {"NH"}, "multiple-input-output-theories": {"SIO"},
                         "multiple-network-theories": {"SNET"}, "multiple-node-comparison-theories": {"SNC"},
-                        "arithmetic-complexity-theories": {"BND", "OUTC"}}
+                        "arithmetic-complexity-theories": {"BND", "OUTC", "LIN"}}
     head = "(vnnlib-version <2.0>)\n(declare-network net (declare-input X real [2]) (declare-output Y real [2]))\n"
     box = "(assert (>= X[0] 0.0))(assert (<= X[0] 1.0))(assert (>= X[1] 0.0))(assert (<= X[1] 1.0))\n"
-    # BND and OUTC (bounds; a comparison of outputs) are read ...
+    # BND, OUTC and LIN (bounds; a comparison of outputs; linear constraints over inputs) are read ...
     assert parse_vnnlib(head + box + "(assert (>= Y[1] Y[0]))(assert (<= Y[0] 3.0))\n").regions
+    assert parse_vnnlib(head + box + "(assert (<= (+ X[0] X[1]) 1.0))(assert (<= Y[0] 3.0))\n").regions[0].input_rows
     # ... and what the next theory of each set adds is refused
     net2 = "(declare-network other (declare-input A real [2]) (declare-output B real [2]))\n"
     outside = {
@@ -269,7 +270,6 @@ def test_the_reported_vnnlib_versions_are_read_and_the_theories_hold():
         "MIO": head.replace("(declare-output", "(declare-input Z real [1]) (declare-output") + box,
         "MNET": head + net2 + box,
         "MNC": head + box + "(assert (<= X[0] Y[0]))\n",
-        "LIN": head + box + "(assert (<= (+ X[0] X[1]) 1.0))\n",
         "POLY": head + box + "(assert (<= (* Y[0] Y[1]) 1.0))\n",
     }
     for theory, text in outside.items():

@@ -72,15 +72,15 @@ ONNX_OPERATORS = tuple(op for op in ONNX_OPERATORS_READ if op not in PARTIAL_OPE
 #: the theory sets of the standard's chapter "Theories and Logics", each answered with every
 #: theory of the set softcert handles (the downward-closed list, weakest first): no
 #: declare-hidden (NH), one input and one output tensor (SIO), one network (SNET), no
-#: assertion relating an input and an output (SNC), bounds on single inputs and linear
-#: constraints over the outputs (BND, OUTC; LIN would need linear constraints over several
-#: inputs)
+#: assertion relating an input and an output (SNC), bounds on single inputs, linear
+#: constraints over the outputs and over several inputs (BND, OUTC, LIN: an input polytope,
+#: certify.vnnlib.Region.input_rows; each input still needs its own bounds)
 THEORIES = {
     "hidden-node-theories": ("NH",),
     "multiple-input-output-theories": ("SIO",),
     "multiple-network-theories": ("SNET",),
     "multiple-node-comparison-theories": ("SNC",),
-    "arithmetic-complexity-theories": ("BND", "OUTC"),
+    "arithmetic-complexity-theories": ("BND", "OUTC", "LIN"),
 }
 #: the boolean capabilities: disjunctions are put in disjunctive normal form
 #: (certify.vnnlib), assignments can be serialised (certify.solver_interface), no UNSAT proofs
