@@ -446,3 +446,14 @@ def test_single_executable_entry():
     for argv, out in ((["--name"], "softcert\n"), (["supports", "--onnx-element-types"], "real\n")):
         p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0 and p.stdout == out, p.stderr
+
+
+def test_readme_lists_the_operators_as_read():
+    """The README's ONNX section lists the operators read in full and those read in part, and
+    nothing it lists as read in full is read only in part (issue 33)."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    full = text.split("ONNX operators read in full")[1].split("Read in part")[0]
+    part = text.split("Read in part, each with what")[1].split("Details, semantics")[0]
+    names = lambda block: set(re.findall(r"\b([A-Z][A-Za-z]+)\b", re.sub(r"\([^)]*\)", "", block)))  # noqa: E731
+    assert names(full) - {"ONNX"} == set(cmd.ONNX_OPERATORS)
+    assert names(part) == set(cmd.PARTIAL_OPERATORS)
