@@ -225,7 +225,8 @@ def test_report_on_the_users_model_with_bab_and_a_failing_baseline(user, tmp_pat
 
 def test_report_options_are_checked(tmp_path, capsys):
     for argv, match in ((["--n", "0"], "--n: must be an integer >= 1"), (["--eps", "-0.1"], "--eps"),
-                        (["--methods", "nope"], "--methods: unknown 'nope'"), (["--timeout", "0"], "--timeout")):
+                        (["--methods", "nope"], "--methods: unknown 'nope'"), (["--timeout", "0"], "--timeout"),
+                        (["--methods", "bab"], "at least one bound-only method")):
         assert main(["report", "--tiny", *argv, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert match in err and "Traceback" not in err

@@ -511,6 +511,9 @@ def settings_for(args) -> Settings:
         if unknown or not args.methods:
             raise ValueError(f"--methods: unknown {', '.join(map(repr, unknown)) or '(none given)'}; "
                              f"choose from {', '.join(certify.METHODS)}")
+        if all(certify.METHODS[m].complete for m in args.methods):
+            raise ValueError("--methods: give at least one bound-only method besides bab (e.g. crown): the table "
+                             "of certified accuracy and its checks are built from them")
         st = dataclasses.replace(st, methods=tuple(dict.fromkeys(args.methods)))
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout!r}")
