@@ -574,8 +574,9 @@ def run(args) -> int:
             ("--model", None if args.model == "digits-vit1" else args.model), ("--data", args.data),
             ("--allow-pickle", args.allow_pickle), ("--out", str(args.out)), ("--quick", args.quick),
             ("--tiny", args.tiny), ("--n", args.n), ("--eps", args.eps), ("--methods", args.methods),
-            ("--timeout", args.timeout if complete else None), ("--minilm", args.minilm), ("--workers", args.workers), ("--scheduler", args.scheduler),
-            ("--store", args.store), ("--resume", args.resume)])
+            ("--timeout", args.timeout if complete else None), ("--minilm", args.minilm),
+            ("--workers", args.workers), ("--scheduler", args.scheduler), ("--store", args.store),
+            ("--resume", args.resume)])
         render.write_all(out, res, records, ders, cmd, timer, t_all, st)
     print(f"wrote {out}/report.md, report.tex, results.json ({len(records)} certificate records), "
           f"manifest.json in {time.perf_counter() - t_all:.0f} s; re-check: softcert check {out}/results.json")
