@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "stability": ("softcert.cli.commands.stability", "softmax feedback stability thresholds and sharpness demos"),
     "certify": ("softcert.cli.commands.certify", "certified accuracy of zoo attention models (IBP/CROWN/Vertex/auto_LiRPA)"),
     "usermodels": ("softcert.cli.commands.usermodels", "certified accuracy of user-style attention models (torch.nn, Hugging Face) on digits"),
-    "train": ("softcert.cli.commands.train", "retrain the model zoo checkpoints (certify/zoo/*.pt) from their recipes"),
+    "train": ("softcert.cli.commands.train", "retrain the zoo checkpoints from their recipes, or train any model for certificates (--certified: IBP, CROWN-IBP)"),
     "report": ("softcert.cli.commands.report", "one command from a model to a checked report folder (md, tex, figures, JSON)"),
     "check": ("softcert.cli.commands.check", "re-check every certificate of a report's results.json independently"),
     "vnncomp": ("softcert.cli.commands.vnncomp", "decide one VNN-COMP instance (ONNX model + VNN-LIB property), write the result file"),

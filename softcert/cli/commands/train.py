@@ -1,26 +1,66 @@
-"""``softcert train``: retrain zoo checkpoints from their recipes (certify.train.RECIPES).
+"""``softcert train``: retrain zoo checkpoints from their recipes (certify.train.RECIPES), or
+train a model certifiably (``--certified``: IBP / CROWN-IBP, certify.training).
 
 Trains each named model (or every recipe with ``--all``) on one CPU thread and writes
 ``<out>/<name>.pt`` (default: certify/zoo/, the committed checkpoints that certify.zoo loads).
+With ``--certified``: one model (``--model``, or one name) trained by
+``certify.train_certified``; writes ``<out>/<stem>-ct.pt`` ({"recipe", "config", "state_dict",
+"dataset", "training"}: ``--model`` loads it back) and ``<out>/<stem>-ct.json`` (the options and
+the per-epoch history).
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import torch
 
 from softcert.certify import train
 
+# the certified-training options the command line sets: flag -> CertifiedTraining field
+_CT_FLAGS = {"--eps": "eps", "--epochs": "epochs", "--warmup-epochs": "warmup_epochs",
+             "--ramp-epochs": "ramp_epochs", "--bound": "bound", "--kappa-end": "kappa_end",
+             "--beta-end": "beta_end", "--lr": "lr", "--batch-size": "batch_size"}
+_VIT = "softcert.certify.models:ViT"
+
 
 def configure(parser) -> None:
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(train.RECIPES)}")
     parser.add_argument("--all", action="store_true", help="every recipe")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(train.ZOO_DIR),
-                        help="checkpoint folder (default: certify/zoo, the committed zoo)")
+    parser.add_argument("--out", default=None,
+                        help="checkpoint folder (default: certify/zoo, the committed zoo; with --certified: the "
+                             "current folder)")
+    ct = parser.add_argument_group("certified training (--certified; defaults: certify.CertifiedTraining)")
+    ct.add_argument("--certified", action="store_true",
+                    help="train one model certifiably (IBP / CROWN-IBP, certify.train_certified)")
+    ct.add_argument("--model", default=None, metavar="MODEL",
+                    help="a zoo recipe name (a fresh model of that architecture, seeded by --seed, trained on the "
+                         "recipe's dataset), or file.py:function / package.module:function returning the nn.Module, "
+                         "or a checkpoint {'recipe', 'config', 'state_dict'} / {'config', 'state_dict'} of "
+                         "certify.ViT, trained from its weights on --data")
+    ct.add_argument("--data", default=None, metavar="FILE",
+                    help="the training set of a model that is not a zoo recipe: .pt or .npz with x (B, C, H, W) in "
+                         "[0, 1] and integer labels y, or a bundled split (digits, mnist5k: its training part)")
+    ct.add_argument("--n", type=int, default=None, help="train on the first n samples only (default: all)")
+    from softcert.certify.training import BOUNDS, CertifiedTraining
+
+    d = CertifiedTraining()
+    ct.add_argument("--eps", type=float, default=d.eps, help=f"final training radius (default {d.eps})")
+    for flag, kind in (("--epochs", int), ("--warmup-epochs", int), ("--ramp-epochs", int), ("--kappa-end", float),
+                       ("--beta-end", float), ("--lr", float), ("--batch-size", int)):
+        field = _CT_FLAGS[flag]
+        ct.add_argument(flag, type=kind, default=getattr(d, field), help=f"default {getattr(d, field)}")
+    ct.add_argument("--bound", choices=BOUNDS, default=d.bound, help=f"default {d.bound}")
 
 
 def run(args) -> int:
+    if args.certified:
+        return _run_certified(args)
+    for flag in ("--model", "--data", "--n"):
+        if getattr(args, flag[2:]) is not None:
+            raise ValueError(f"{flag}: only with --certified")
     names = list(train.RECIPES) if args.all else args.names
     if not names:
         raise ValueError("names: give zoo names or --all")
@@ -28,7 +68,120 @@ def run(args) -> int:
         if name not in train.RECIPES:
             raise ValueError(f"names: unknown zoo model {name!r}; recipes: {', '.join(train.RECIPES)}")
     torch.set_num_threads(1)
+    out = Path(args.out) if args.out is not None else train.ZOO_DIR
     for name in names:
-        path = train.save(name, train.train(name, seed=args.seed, log=print), Path(args.out))
+        path = train.save(name, train.train(name, seed=args.seed, log=print), out)
         print(f"wrote {path}")
     return 0
+
+
+# ---------------------------------------------------------------- --certified
+def _options(args):
+    from softcert.certify.training import CertifiedTraining
+
+    fields = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in _CT_FLAGS.items()}
+    fields["seed"] = args.seed
+    try:
+        return CertifiedTraining(**fields)
+    except ValueError as exc:
+        # "CertifiedTraining.lr: expected ..." -> name the command-line flag
+        msg = str(exc)
+        for flag, field in {**_CT_FLAGS, "--seed": "seed"}.items():
+            if msg.startswith(f"CertifiedTraining.{field}:"):
+                raise ValueError(f"{flag}: {msg.split(':', 1)[1].strip()}") from None
+        raise
+
+
+def _source(args):
+    """(model, x, y, stem, recipe, config, dataset) of --model / names and --data."""
+    from softcert.certify import data as bundled
+    from softcert.certify.models import ViT
+    from softcert.cli import model_formats, modelio
+
+    if args.all:
+        raise ValueError("--all: certified training takes one model (--model)")
+    if args.model is not None and args.names:
+        raise ValueError(f"names: give the model once (--model {args.model} or a name, not both)")
+    if len(args.names) > 1:
+        raise ValueError("names: certified training takes one model")
+    spec = args.model if args.model is not None else (args.names[0] if args.names else None)
+    if spec is None:
+        raise ValueError("--model: name the model to train (a zoo recipe, an entry point or a checkpoint)")
+    if spec in train.RECIPES and not Path(spec).exists():
+        if args.data is not None:
+            raise ValueError(f"--data: the zoo recipe {spec!r} trains on its own dataset "
+                             f"({train.RECIPES[spec][0]}); drop --data")
+        dataset, cfg, _ = train.RECIPES[spec]
+        torch.manual_seed(args.seed)
+        model = ViT(**cfg)
+        x, y, _, _ = getattr(bundled, dataset)()
+        config = dict(model.config, image=list(model.config["image"]))
+        return model, x, y, spec, _VIT, config, dataset
+    source = model_formats.parse(spec)
+    if source.kind in ("zoo", "onnx", "export"):
+        raise ValueError(f"--model: {spec} is {'a zoo checkpoint without a recipe' if source.kind == 'zoo' else 'an ' + source.kind + ' file'}; "
+                         f"certified training needs a model it can rebuild: a zoo recipe ({', '.join(train.RECIPES)}), "
+                         f"file.py:function, package.module:function or a checkpoint with a recipe")
+    if args.data is None:
+        raise ValueError(f"--data: {spec} is your own model, so name its training set (.pt or .npz with x, y, or "
+                         f"{', '.join(modelio.BUNDLED)})")
+    model = model_formats.build(source)
+    if args.data in modelio.BUNDLED and not Path(args.data).exists():
+        x, y, _, _ = getattr(bundled, modelio.BUNDLED[args.data][1])()
+        dataset = args.data
+    else:
+        x, y = modelio.load_test_set(args.data, getattr(model, "image", None), None)
+        dataset = str(Path(args.data))
+    if source.kind == "entry":
+        where = source.target
+        recipe, config = f"{Path(where).resolve() if where.endswith('.py') else where}:{source.function}", {}
+    else:
+        obj = torch.load(source.target, weights_only=True, map_location="cpu")
+        recipe, config = obj.get("recipe", _VIT), dict(obj.get("config", {}))
+    stem = source.function if source.kind == "entry" else Path(spec).stem
+    return model, x, y, stem, recipe, config, dataset
+
+
+def _run_certified(args) -> int:
+    from softcert.certify.training import train_certified
+    from softcert.cli import common
+
+    options = _options(args)
+    model, x, y, stem, recipe, config, dataset = _source(args)
+    if args.n is not None:
+        if args.n < 1:
+            raise ValueError(f"--n: expected a positive number of samples, got {args.n}")
+        x, y = x[:args.n], y[:args.n]
+    out = Path(args.out) if args.out is not None else Path(".")
+    torch.set_num_threads(1)
+    steps = options.epochs * -(-len(x) // options.batch_size)
+    bar = common.progress(total=steps, desc=f"{stem} (certified, {options.bound})")
+
+    def progress(epoch, step, eps, natural, robust):
+        bar.set_postfix(epoch=epoch, eps=f"{eps:.4f}", nat=f"{natural:.3f}",
+                        rob="-" if robust is None else f"{robust:.3f}", refresh=False)
+        bar.update(1)
+
+    try:
+        model, history = train_certified(model, x, y, options, progress=progress)
+    finally:
+        bar.close()
+    out.mkdir(parents=True, exist_ok=True)
+    training = dict(dataclasses.asdict(options), n=len(x), source=args.model or args.names[0])
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ckpt = out / f"{stem}-ct.pt"
+    torch.save({"recipe": recipe, "config": config, "state_dict": state, "dataset": dataset,
+                "training": _jsonable(training)}, ckpt)
+    log = out / f"{stem}-ct.json"
+    log.write_text(json.dumps({"command": " ".join(getattr(args, "invocation", [])), "checkpoint": ckpt.name,
+                               "training": _jsonable(training),
+                               "history": [dataclasses.asdict(r) for r in history]}, indent=1) + "\n")
+    last = history[-1]
+    rob = "-" if last.robust_loss is None else f"{last.robust_loss:.3f}"
+    print(f"{stem}: epoch {last.epoch}: eps {last.eps:.4f}, natural loss {last.natural_loss:.3f}, robust loss {rob}")
+    print(f"wrote {ckpt} and {log}")
+    return 0
+
+
+def _jsonable(d):
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}

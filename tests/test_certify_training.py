@@ -1,0 +1,240 @@
+"""Certified training (certify.training, issue 34): the training margins are lower bounds of
+sampled and attacked margins, their gradients reach every parameter, training raises the
+verifier's worst margin, runs are deterministic, bad options name their field, and
+``softcert train --certified`` writes a checkpoint that ``--model`` loads back."""
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import softcert.cli
+from softcert import certify
+from softcert.certify import data
+from softcert.certify.attack import pgd
+from softcert.certify.models import ViT
+from softcert.certify.options import AttackOptions
+from softcert.certify.training import CertifiedTraining, margin_bounds, robust_loss, train_certified
+from softcert.cli import model_formats
+
+
+class _MHA(nn.Module):
+    """A user model: nn.MultiheadAttention, LayerNorm, GELU (rows of a 4x4 image as tokens)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        t = self.embed(x.reshape(x.shape[0], 4, 4))
+        t = t + self.attn(t, t, t, need_weights=False)[0]
+        return self.head(F.gelu(self.fc(self.norm(t))).mean(1))
+
+
+def _vit():
+    torch.manual_seed(0)
+    return ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3).double().eval()
+
+
+def _mha():
+    torch.manual_seed(0)
+    return _MHA().double().eval()
+
+
+X = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+Y = torch.tensor([0, 1, 2, 1])
+EPS = 0.02
+
+
+def _sampled_margins(model, n=128):
+    """Margins z_y - z_j (n, B, K) at random points of the box and at PGD's worst point."""
+    lo, hi = (X - EPS).clamp(0, 1), (X + EPS).clamp(0, 1)
+    u = torch.rand(n, *X.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pts = torch.cat([lo + (hi - lo) * u, lo[None], hi[None]])
+    with torch.no_grad():
+        z = model(pts.reshape(-1, *X.shape[1:])).reshape(len(pts), *X.shape[:1], -1)
+    margins = z.gather(2, Y.view(1, -1, 1).expand(len(pts), -1, 1)) - z
+    _, attacked = pgd(model, X, Y, EPS, AttackOptions(restarts=2, steps=10))
+    return torch.cat([margins, attacked[None]])
+
+
+@pytest.mark.parametrize("build", [_vit, _mha], ids=["vit", "mha-layernorm-gelu"])
+@pytest.mark.parametrize("bound,beta", [("ibp", 1.0), ("crown-ibp", 1.0), ("crown-ibp", 0.5)])
+def test_training_margins_are_lower_bounds_of_sampled_and_attacked_margins(build, bound, beta):
+    model = build()
+    m = margin_bounds(model, X, Y, EPS, bound, beta=beta)
+    assert m.dtype == torch.float64 and torch.isfinite(m).all()
+    assert (m.gather(1, Y[:, None]) == 0).all()
+    margins = _sampled_margins(model)
+    assert (margins >= m.detach() - 1e-9).all()
+    # so the robust loss bounds the cross-entropy at every sampled point of the box
+    with torch.no_grad():
+        lo, hi = (X - EPS).clamp(0, 1), (X + EPS).clamp(0, 1)
+        u = torch.rand(64, *X.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        z = model((lo + (hi - lo) * u).reshape(-1, *X.shape[1:])).reshape(64, len(X), -1)
+        ce = torch.stack([F.cross_entropy(zi, Y, reduction="none") for zi in z]).max(0).values
+    robust = F.cross_entropy(-m.detach(), Y, reduction="none")
+    assert (robust >= ce - 1e-9).all()
+    assert robust_loss(model, X, Y, EPS, bound, beta=beta).item() >= ce.mean().item() - 1e-9
+
+
+def test_beta_mixes_the_crown_ibp_and_ibp_margins():
+    model = _mha()
+    ibp, crown = (margin_bounds(model, X, Y, EPS, b).detach() for b in ("ibp", "crown-ibp"))
+    half = margin_bounds(model, X, Y, EPS, "crown-ibp", beta=0.5).detach()
+    torch.testing.assert_close(half, (ibp + crown) / 2, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("eps,falls_back", [(0.3, [False, False, True, True]), (0.5, [True] * 4)])
+def test_rows_whose_crown_ibp_bound_overflows_fall_back_to_ibp_with_finite_gradients(eps, falls_back):
+    """Large weights and radii overflow the IBP bounds of the softmax (exp underflows to 0, so
+    -log of its sum is +inf) and CROWN-IBP gives no bound there: those rows keep IBP's, the
+    others mix, and no 0·inf reaches a gradient. Rows 0-1 (x = 0) have boxes clipped to half."""
+    model = _vit()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2)
+    x = torch.cat([torch.zeros(2, 1, 4, 4, dtype=torch.float64), X[:2]])
+    ibp = margin_bounds(model, x, Y, eps, "ibp").detach()
+    m = margin_bounds(model, x, Y, eps, "crown-ibp")
+    assert (ibp == m.detach()).all(1).tolist() == falls_back and torch.isfinite(m).all()
+    F.cross_entropy(-m, Y).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("build", [_vit, _mha], ids=["vit", "mha-layernorm-gelu"])
+def test_gradients_reach_the_parameters_and_match_the_model_at_eps_zero(build):
+    """At eps 0 the interval margins are the model's margins (up to the intervals' ulp
+    widening), so their gradient is the model's own; at eps > 0 every parameter gets one."""
+    model = build()
+    margin_bounds(model, X, Y, 0.0).sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    z = model(X)
+    (z.gather(1, Y[:, None]) - z).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-6, atol=1e-8, msg=n)
+    model.zero_grad()
+    robust_loss(model, X, Y, EPS, "crown-ibp", beta=0.5).backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
+
+
+def _worst_crown_margin(model, x, y, eps):
+    lm = certify.verify(model, x, y, eps, method="crown").lower_margin.clone()
+    lm[torch.arange(len(y)), y] = torch.inf
+    return lm.min(1).values
+
+
+def test_certified_training_raises_the_verified_worst_margin():
+    """A naturally trained tiny ViT, then 24 steps more: certified (CROWN-IBP, eps ramped to
+    0.05) against natural. The CROWN worst margins at eps rise above both the start's and
+    the natural continuation's (mean and minimum over 32 test images)."""
+    xtr, ytr, xte, yte = data.digits()
+    xtr, ytr, xte, yte = xtr[:384], ytr[:384], xte[:32], yte[:32]
+    torch.manual_seed(0)
+    model = ViT(image=(1, 8, 8), patch=4, dim=16, heads=2, mlp=32, classes=10)
+    natural = CertifiedTraining(eps=0.0, epochs=10, warmup_epochs=10, ramp_epochs=0, lr=3e-3, batch_size=64)
+    train_certified(model, xtr, ytr, natural)
+    eps = 0.05
+    before = _worst_crown_margin(model, xte, yte, eps)
+    more = dict(epochs=4, warmup_epochs=0, lr=3e-3, batch_size=64)
+    nat, _ = train_certified(copy.deepcopy(model), xtr, ytr, CertifiedTraining(eps=0.0, ramp_epochs=0, **more))
+    ct, history = train_certified(copy.deepcopy(model), xtr, ytr, CertifiedTraining(eps=eps, ramp_epochs=2, **more))
+    assert [r.eps for r in history] == pytest.approx([eps / 2, eps, eps, eps])
+    assert history[-1].robust_loss is not None and history[-1].skipped_steps == 0
+    after, after_nat = _worst_crown_margin(ct, xte, yte, eps), _worst_crown_margin(nat, xte, yte, eps)
+    assert after.mean() > before.mean() + 0.3 and after.mean() > after_nat.mean() + 0.3
+    assert after.min() > before.min() and after.min() > after_nat.min()
+
+
+def test_same_seed_same_weights_other_seed_other_weights():
+    xtr, ytr, _, _ = data.digits()
+    xtr, ytr = xtr[:96], ytr[:96]
+
+    def run(seed):
+        torch.manual_seed(0)
+        model = ViT(image=(1, 8, 8), patch=4, dim=8, heads=2, mlp=8, classes=10)
+        opts = CertifiedTraining(eps=0.05, epochs=3, warmup_epochs=1, ramp_epochs=1, batch_size=32, lr=1e-3, seed=seed)
+        steps = []
+        model, history = train_certified(model, xtr, ytr, opts, progress=lambda *a: steps.append(a))
+        return model.state_dict(), history, steps
+
+    a, ha, sa = run(0)
+    b, hb, sb = run(0)
+    c, _, _ = run(1)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-9)
+    assert ha[0].robust_loss is None and hb[0].robust_loss is None  # the warm-up
+    assert [r.robust_loss for r in ha[1:]] == pytest.approx([r.robust_loss for r in hb[1:]], rel=1e-6)
+    assert len(sa) == 9 and [s[:3] for s in sa] == [s[:3] for s in sb]
+    assert sa[0][4] is None and sa[-1][4] is not None  # no robust loss in the warm-up
+    assert any(not torch.allclose(a[k], c[k]) for k in a)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("eps", -0.1), ("eps", float("nan")), ("epochs", 0), ("epochs", 2.0), ("warmup_epochs", -1),
+    ("ramp_epochs", True), ("kappa_start", 1.5), ("kappa_end", -0.1), ("bound", "crown"), ("beta_start", 2),
+    ("beta_end", float("inf")), ("lr", 0.0), ("batch_size", 0), ("seed", -1), ("domain", (1.0, 0.0)),
+])
+def test_bad_options_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"CertifiedTraining.{field}"):
+        CertifiedTraining(**{field: value})
+
+
+def test_a_ramp_past_the_last_epoch_is_refused():
+    with pytest.raises(ValueError, match="CertifiedTraining.ramp_epochs: .*exceeds epochs"):
+        CertifiedTraining(epochs=10, warmup_epochs=2, ramp_epochs=9)
+
+
+def test_bad_arguments_name_the_argument():
+    model = _vit()
+    for kwargs, name in [(dict(bound="crown"), "bound"), (dict(beta=1.5), "beta"), (dict(eps=-1.0), "eps")]:
+        args = dict(bound="ibp", eps=EPS) | kwargs
+        with pytest.raises(ValueError, match=f"^{name}:"):
+            robust_loss(model, X, Y, args.pop("eps"), **args)
+    with pytest.raises(ValueError, match="^label:"):
+        robust_loss(model, X, torch.tensor([0, 1, 2, 3]), EPS)
+    with pytest.raises(ValueError, match="^options:"):
+        train_certified(model, X, Y, {"eps": 0.1})
+    with pytest.raises(ValueError, match="^progress:"):
+        train_certified(model, X, Y, CertifiedTraining(epochs=1, ramp_epochs=0), progress=3)
+
+
+def test_a_constant_computed_from_the_parameters_is_refused_naming_node_and_operator():
+    """Eval-mode batch norm folds w / sqrt(var + eps) into a new tensor: no view of a
+    parameter, so gradients could not reach w."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    with pytest.raises(ValueError, match=r"node \d+ '2' \(operator 'mul_const'\).*not a view of one parameter"):
+        robust_loss(model, X.float(), Y, EPS)
+
+
+def test_cli_trains_certifiably_and_writes_a_loadable_checkpoint(tmp_path, capsys):
+    argv = ["train", "--certified", "--model", "digits-vit1", "--epochs", "2", "--warmup-epochs", "1",
+            "--ramp-epochs", "1", "--n", "64", "--batch-size", "32", "--eps", "0.02", "--out", str(tmp_path)]
+    assert softcert.cli.main(argv) == 0
+    log = json.loads((tmp_path / "digits-vit1-ct.json").read_text())
+    assert log["training"]["eps"] == 0.02 and log["training"]["n"] == 64 and len(log["history"]) == 2
+    assert log["history"][0]["robust_loss"] is None and log["history"][1]["robust_loss"] > 0
+    ckpt = torch.load(tmp_path / "digits-vit1-ct.pt", weights_only=True)
+    assert set(ckpt) >= {"recipe", "config", "state_dict", "training"} and ckpt["dataset"] == "digits"
+    model = model_formats.checkpoint(tmp_path / "digits-vit1-ct.pt")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ckpt["state_dict"][k])
+
+
+@pytest.mark.parametrize("extra,flag", [
+    (["--model", "digits-vit1", "--eps", "-1"], "--eps"), (["--model", "digits-vit1", "--lr", "0"], "--lr"),
+    (["--model", "digits-vit1", "--n", "0"], "--n"), ([], "--model"),
+    (["--model", "tests/no_such.py:build"], "--model"), (["--model", "digits-vit1", "--data", "digits"], "--data"),
+])
+def test_cli_errors_name_the_argument(tmp_path, capsys, extra, flag):
+    assert softcert.cli.main(["train", "--certified", *extra, "--out", str(tmp_path)]) == 2
+    assert flag in capsys.readouterr().err
