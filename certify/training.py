@@ -77,7 +77,7 @@ class CertifiedTraining:
     """The certified-training recipe of ``train_certified`` (the schedules: module docstring).
 
     ``eps``: the final training radius (0.02: the middle of the reference radii 0.01 / 0.02 /
-    0.03 of DESIGN.md §1 and the radius of the zoo's PGD-trained mnist-vit1-pgd).
+    0.03 of softcert certify's default --eps and the radius of the zoo's PGD-trained mnist-vit1-pgd).
     ``epochs``: epochs in all (100: CROWN-IBP's config/mnist_crown.json).
     ``warmup_epochs``: natural training first (1: mnist_crown.json "schedule_start": 1).
     ``ramp_epochs``: eps grows linearly from 0 to ``eps`` over these (61: mnist_crown.json
