@@ -37,6 +37,16 @@ RECIPES = {
 }
 
 
+#: certifiably trained zoo models (certify.training, CROWN-IBP with CertifiedTraining's defaults,
+#: issue 34): name -> (the recipe whose architecture and dataset they use, training eps).
+#: Regenerate one (not part of --all; minutes to an hour on one CPU thread, docs/certify/training.md):
+#:     softcert train --certified --model ARCH --eps EPS --out certify/zoo   (writes ARCH-ct.pt)
+CERTIFIED = {
+    "mnist-vit1-ct": ("mnist-vit1", 0.02),
+    "mnist-vit2-ct": ("mnist-vit2", 0.02),
+}
+
+
 def _pgd_batch(model, x, y, eps, steps=5):
     lo, hi = (x - eps).clamp(min=0), (x + eps).clamp(max=1)
     xa = lo + (hi - lo) * torch.rand_like(x)

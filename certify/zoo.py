@@ -3,21 +3,27 @@ from __future__ import annotations
 
 from softcert.certify import data
 from softcert.certify.models import ViT
-from softcert.certify.train import RECIPES, ZOO_DIR
+from softcert.certify.train import CERTIFIED, RECIPES, ZOO_DIR
 
 
 def names() -> list[str]:
-    """Checkpoints available on disk."""
-    return sorted(n for n in RECIPES if (ZOO_DIR / f"{n}.pt").exists())
+    """Checkpoints available on disk: the naturally and PGD-trained recipes and the certifiably
+    trained models (``certify.train.CERTIFIED``)."""
+    return sorted(n for n in (*RECIPES, *CERTIFIED) if (ZOO_DIR / f"{n}.pt").exists())
 
 
 def load(name: str):
     """(model in eval mode, X_test, y_test); loads with weights_only=True."""
     import torch
 
-    if name not in RECIPES:
+    if name not in RECIPES and name not in CERTIFIED:
         raise ValueError(f"name: unknown model {name!r}; available: {', '.join(names())}")
-    ckpt = torch.load(ZOO_DIR / f"{name}.pt", weights_only=True)
+    path = ZOO_DIR / f"{name}.pt"
+    if not path.exists():
+        how = (f"softcert train --certified --model {CERTIFIED[name][0]} --eps {CERTIFIED[name][1]} --out "
+               f"{ZOO_DIR}" if name in CERTIFIED else f"softcert train {name}")
+        raise ValueError(f"name: the checkpoint of {name!r} is not in {ZOO_DIR}; train it: {how}")
+    ckpt = torch.load(path, weights_only=True)
     cfg = dict(ckpt["config"])
     cfg["image"] = tuple(cfg["image"])
     model = ViT(**cfg)
