@@ -91,8 +91,8 @@ def _describe(model, x, spec) -> None:
                          f"{type(exc).__name__}: {str(exc)[:200]}") from None
     if out.dim() != 2 or out.shape[0] != 1:
         raise ValueError(f"--model {spec}: expected logits (1, classes) for one image, got {tuple(out.shape)}")
-    if getattr(model, "classes", None) is None:
-        model.classes = int(out.shape[1])
+    # under a name of its own: a user's module may have a ``classes`` of its own (e.g. names)
+    model.softcert_classes = int(out.shape[1])
 
 
 def _read_xy(path: Path):
@@ -273,8 +273,12 @@ def check_onnx_ops(graph_proto) -> None:
 def classes_of(model) -> int:
     """The number of logits of a loaded model (a certify.ViT, an ONNX graph module, or a
     module given ``classes`` by ``load_model``)."""
-    classes = getattr(model, "classes", None)
-    return classes if isinstance(classes, int) else model.head.out_features
+    for classes in (getattr(model, "softcert_classes", None), getattr(model, "classes", None),
+                    getattr(getattr(model, "head", None), "out_features", None)):
+        if isinstance(classes, int) and not isinstance(classes, bool):
+            return classes
+    raise ValueError(f"model: the number of classes of a {type(model).__name__} is unknown (load it with "
+                     "softcert.cli.modelio.load_model, which reads it off the logits)")
 
 
 def onnx_graph_module(path: Path):
