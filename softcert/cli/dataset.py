@@ -38,7 +38,7 @@ import torch
 from softcert import certify
 from softcert.certify.options import AttackOptions
 from softcert.certify.spec import check_eps
-from softcert.cli import common
+from softcert.cli import common, model_formats
 from softcert.cli.store import Store
 from softcert.cli.store import load as load_store
 
@@ -65,9 +65,9 @@ def _digest(spec):
     if spec is None:
         return None
     path = Path(spec)
-    if not path.is_file():
-        where = spec.rpartition(":")[0]
-        path = Path(where) if where.endswith(".py") else path
+    entry = model_formats.entry_file(spec)
+    if not path.is_file() and entry is not None:
+        path = Path(entry[0])
     if not path.is_file():
         return None
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
@@ -224,9 +224,9 @@ def _where(spec):
     path = Path(spec)
     if path.exists():
         return str(path.resolve())
-    where, sep, function = spec.rpartition(":")
-    if sep and where.endswith(".py") and Path(where).is_file():
-        return f"{Path(where).resolve()}:{function}"
+    entry = model_formats.entry_file(spec)
+    if entry is not None and Path(entry[0]).is_file():
+        return f"{Path(entry[0]).resolve()}:{entry[1]}"
     return spec
 
 

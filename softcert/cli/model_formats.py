@@ -90,6 +90,13 @@ def parse(spec: str) -> Spec:
                      f"zoo: {', '.join(zoo.names())}")
 
 
+def entry_file(spec: str):
+    """(file.py, function) when ``spec`` names a function in a Python file, else None (the one
+    reading of that form: dataset, check and render call it)."""
+    m = _ENTRY.match(spec) if isinstance(spec, str) else None
+    return (m["where"], m["function"]) if m and m["where"].endswith(".py") else None
+
+
 def build(spec: Spec, *, allow_pickle: bool = False) -> nn.Module:
     """The ``nn.Module`` a non-zoo ``Spec`` names (ONNX files: ``softcert.cli.modelio``)."""
     if spec.kind == "export":

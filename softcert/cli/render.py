@@ -109,9 +109,11 @@ def model_name(res) -> str:
     spec = res["model"]["spec"]
     if spec.startswith("zoo:"):
         return spec[len("zoo:"):]
-    where, sep, function = spec.rpartition(":")
-    if sep and where.endswith(".py"):
-        return f"{Path(where).name}:{function}"
+    from softcert.cli.model_formats import entry_file
+
+    entry = entry_file(spec)
+    if entry is not None:
+        return f"{Path(entry[0]).name}:{entry[1]}"
     return Path(spec).name or spec
 
 

@@ -122,11 +122,13 @@ def load_inputs(inputs, model=None, data=None):
 
 def _spec_at(spec: str, path: Path) -> str:
     """The recorded --model spec with its file at ``path``: an entry point keeps its function."""
-    where, sep, function = spec.rpartition(":")
-    if not sep or Path(spec).exists():
+    from softcert.cli.model_formats import entry_file
+
+    if ":" not in spec or Path(spec).exists():
         return str(path)
-    if where.endswith(".py"):
-        return f"{path}:{function}"
+    entry = entry_file(spec)
+    if entry is not None:
+        return f"{path}:{entry[1]}"
     return spec  # an installed module's entry point: imported by name again
 
 
