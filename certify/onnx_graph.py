@@ -13,8 +13,10 @@ operator of ``ONNX_OPERATORS``; any other operator raises ValueError naming its 
 node name, so is a node whose inputs do not fit it. Erf is read only inside the exporters' GELU
 pattern s · x · (1 + erf(c x)) (s = 0.5, c = 1/√2 as the model rounds it), lowered exactly as
 (2s/k) · gelu(k x), k = √2 c. The perturbed path must be float32/float64; a Cast on it that
-loses precision (float16, bfloat16, float64 -> float32, integers) is refused: the graph is the
-model in real arithmetic, and a dropped rounding could turn a false property into `unsat`.
+loses precision (float16, bfloat16, float64 -> float32) is refused: the graph is the model in
+real arithmetic, and a dropped rounding could turn a false property into `unsat`. A Cast of a
+float to an integer type truncates (``trunc``) and to bool tests x != 0 (``nonzero``), both
+piecewise constant; integers then only move (``_MOVES_INTEGERS``) or are cast again.
 Batch: the model is read at batch 1 (a symbolic first axis counts as 1). The first graph
 input that is not an initializer is the perturbed input; the first graph output is the output.
 """
@@ -186,6 +188,18 @@ def _ints(a) -> list:
 RANDOM_OPERATORS = ("Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
                     "RandomUniformLike")
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT: 32, onnx.TensorProto.DOUBLE: 64}  # type -> bits
+_BOOL = onnx.TensorProto.BOOL
+#: type -> (lo, hi): the integers the type holds, all of them exactly (floats: up to 2^p)
+_INTEGERS = {_BOOL: (0, 1), onnx.TensorProto.FLOAT: (-2**24, 2**24), onnx.TensorProto.DOUBLE: (-2**53, 2**53),
+             **{t: (int(np.iinfo(helper.tensor_dtype_to_np_dtype(t)).min),
+                    int(np.iinfo(helper.tensor_dtype_to_np_dtype(t)).max))
+                for t in (onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+                          onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32,
+                          onnx.TensorProto.UINT64)}}
+#: operators that read an integer (or bool) perturbed value: they only move its elements, or
+#: cast it; integer arithmetic wraps around (and Div truncates), so it is not read
+_MOVES_INTEGERS = ("Cast", "Concat", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Slice", "Split",
+                   "Squeeze", "Transpose", "Unsqueeze")
 
 
 def _type_name(t) -> str:
@@ -249,6 +263,13 @@ class _Lowering:
         if out not in self.types:
             src = next((n for n in node.input if n in self.types), None)
             self.types[out] = int(attrs["to"]) if node.op_type == "Cast" else self.types.get(src, 0)
+        t = self.types[out]
+        if t in _INTEGERS and t not in _FLOAT_TYPES:  # bool or an integer type
+            if node.op_type not in _MOVES_INTEGERS:
+                raise ValueError(f"{where}: output {out!r} is {_type_name(t)} on the perturbed path: integer "
+                                 f"arithmetic wraps around (and Div truncates), so only {', '.join(_MOVES_INTEGERS)} "
+                                 f"read integers (cast them back to float32 first)")
+            return
         self.check_float(out, f"{where}: output {out!r}")
 
     def check_float(self, value, what):
@@ -436,7 +457,7 @@ def _sqrt_of(b, x, name):
 def _pow(lw, name, at, x, e):
     """x ** e for a constant scalar e: the registered operators where they are exact (square,
     sqrt, reciprocal, rsqrt), products of squares for integers |e| <= 64 (x³ = x · x², a
-    bilinear relaxation; negative integers through reciprocal, which needs positive bounds),
+    bilinear relaxation; negative integers through reciprocal, on bounds that exclude 0),
     1 for e = 0 (ONNX: 0⁰ = 1), and exp(-e · neg_log x) for any other e (real only for x > 0;
     neg_log refuses bounds that reach below 0, naming itself)."""
     e = np.asarray(_need_const(e, "the exponent (an input-dependent exponent is not read)"))
@@ -476,16 +497,35 @@ def _dropout(lw, name, at, x, ratio=None, training=None):
 
 
 def _cast(lw, name, at, x):
-    """A cast to the same or a wider float type (float32 -> float32/float64, float64 ->
-    float64) is the identity. Any other cast of a perturbed value rounds it (float16, bfloat16,
-    float64 -> float32) or truncates it (integers); the verifier does not enclose that, so the
-    node is refused rather than dropped."""
+    """ONNX Cast of a perturbed value. Float to a float type at least as wide: the identity
+    (narrower float types round, and are refused). Float to an integer type: trunc (toward
+    0), its image [trunc l, trunc u], refused where it leaves the type's range (undefined in
+    ONNX). To bool: x != 0 (``nonzero``). An integer or bool to a type that holds all its
+    values: the identity; else trunc (the identity on integers) limited to the integers the
+    target holds exactly (outside, ONNX wraps an integer or rounds it into a float). As for
+    the whole graph, the value cast is the real one: a float32 rounding before the cast that
+    crosses an integer (or 0) is not modelled, and there it moves the result by a step."""
     src, to = lw.types.get(lw.node.input[0], 0), int(at["to"])
-    if src in _FLOAT_TYPES and to in _FLOAT_TYPES and _FLOAT_TYPES[to] >= _FLOAT_TYPES[src]:
+    floats = src in _FLOAT_TYPES and to in _FLOAT_TYPES
+    if floats and _FLOAT_TYPES[to] >= _FLOAT_TYPES[src]:
         return x
-    raise ValueError(f"cast of a perturbed value from {_type_name(src)} to {_type_name(to)} loses precision; "
-                     f"the verifier computes in real arithmetic and does not bound that rounding "
-                     f"(remove the cast, or export the model in float32)")
+    if floats or src not in _INTEGERS or to not in _INTEGERS:  # float16, bfloat16, unknown types
+        raise ValueError(f"cast of a perturbed value from {_type_name(src)} to {_type_name(to)} loses precision; "
+                         f"the verifier computes in real arithmetic and does not bound that rounding "
+                         f"(remove the cast, or export the model in float32)")
+    if to == _BOOL:
+        return x if src == _BOOL else lw.b.unary("nonzero", x, name)
+    lo, hi = _INTEGERS[to]
+    if src not in _FLOAT_TYPES and lo <= _INTEGERS[src][0] and _INTEGERS[src][1] <= hi:
+        return x
+    return lw.b.node("trunc", [x], lw.shape(x), name, limits=_float_limits(lo, hi))
+
+
+def _float_limits(lo, hi):
+    """[lo, hi] (ints) as float64 limits for values that are integers: the least float >= lo
+    and the greatest float <= hi (2^63 - 1 is no float64: it rounds up to 2^63)."""
+    flo, fhi = float(lo), float(hi)
+    return (flo if flo >= lo else math.nextafter(flo, math.inf), fhi if fhi <= hi else math.nextafter(fhi, -math.inf))
 
 
 def _softmax(lw, name, at, x):
@@ -714,31 +754,59 @@ def _pads(at, spatial, kernel, stride, dil) -> tuple:
 
 
 def _conv(lw, name, at, x, w, bias=None):
-    """2-D convolution (``ops.conv2d_params``); 1-D as 2-D over a unit axis; every auto_pad."""
-    b = lw.b
+    """N-D convolution for N = 1, 2, 3 on ``ops.conv2d_params``, every auto_pad: 1-D as 2-D
+    over a unit axis, 3-D by ``_depth_taps``."""
     w = np.asarray(_need_const(w, "the weight"))
     shape = lw.shape(x)
-    if len(shape) not in (3, 4) or w.ndim != len(shape):
-        raise ValueError(f"only 1-D and 2-D convolutions are supported (input rank {len(shape)})")
-    if len(shape) == 3:  # (N, C, L) as (N, C, 1, L)
-        x = b.rearrange(x, lambda t: t.unsqueeze(2), name)
-        w = np.expand_dims(w, 2)
-        at = {**at, "strides": [1, *at.get("strides", (1,))], "dilations": [1, *at.get("dilations", (1,))],
-              **({"pads": [0, at["pads"][0], 0, at["pads"][1]]} if "pads" in at else {})}
-        y = _conv(lw, name, at, x, w, bias)
-        return b.rearrange(y, lambda t: t.squeeze(2), name)
-    w = _t(w)
-    if bias is not None:
-        bias = _t(_need_const(bias, "the bias"))
-    stride = tuple(at.get("strides", (1, 1)))
-    dil = tuple(at.get("dilations", (1, 1)))
-    pads = _pads(at, shape[2:], tuple(w.shape[2:]), stride, dil)
+    r = len(shape) - 2
+    if r not in (1, 2, 3) or w.ndim != len(shape):
+        raise ValueError(f"only 1-D, 2-D and 3-D convolutions are supported (input rank {len(shape)}, weight rank "
+                         f"{w.ndim})")
     groups = int(at.get("group", 1))
     if w.shape[1] * groups != shape[1]:
         raise ValueError(f"weight {tuple(w.shape)} does not fit {shape[1]} input channels in {groups} groups")
-    # ONNX writes pads as (top, left, bottom, right); conv2d takes (top, bottom, left, right)
-    params = ops.conv2d_params(w, bias, stride, (pads[0], pads[2], pads[1], pads[3]), dil, groups, in_shape=shape)
-    return b.node("conv2d", [x], params["out_shape"], name, **params)
+    stride, dil = tuple(at.get("strides", (1,) * r)), tuple(at.get("dilations", (1,) * r))
+    pads = _pads(at, shape[2:], tuple(w.shape[2:]), stride, dil)  # (begin..., end...)
+    bias = None if bias is None else _t(_need_const(bias, "the bias"))
+    b = lw.b
+    if r == 1:  # (N, C, L) as (N, C, 1, L)
+        x = b.rearrange(x, lambda t: t.unsqueeze(2), name)
+        y = _conv2d(lw, name, x, np.expand_dims(w, 2), bias, ((1, *stride), (0, pads[0], 0, pads[1]), (1, *dil), groups))
+        return b.rearrange(y, lambda t: t.squeeze(2), name)
+    if r == 2:
+        return _conv2d(lw, name, x, w, bias, (stride, pads, dil, groups))
+    x = _depth_taps(lw, name, x, w.shape[2], stride[0], (pads[0], pads[3]), dil[0])
+    o, cg, kd, kh, kw = w.shape
+    y = _conv2d(lw, name, x, w.reshape(o, cg * kd, kh, kw), bias, (stride[1:], (*pads[1:3], *pads[4:]), dil[1:], groups))
+    return b.permute(y, (0, 2, 1, 3, 4), name)  # (N, Do, O, Ho, Wo) -> (N, O, Do, Ho, Wo)
+
+
+def _conv2d(lw, name, x, w, bias, geometry):
+    """One ``conv2d`` node; ``geometry`` (stride, pads, dilations, groups), ``pads`` in ONNX's
+    order (top, left, bottom, right), conv2d takes (top, bottom, left, right). Leading axes of
+    x before (C, H, W) are batch axes."""
+    stride, pads, dil, groups = geometry
+    params = ops.conv2d_params(_t(w), bias, tuple(stride), (pads[0], pads[2], pads[1], pads[3]), tuple(dil), groups,
+                               in_shape=lw.shape(x))
+    return lw.b.node("conv2d", [x], params["out_shape"], name, **params)
+
+
+def _depth_taps(lw, name, x, kd, stride, pads, dil):
+    """x (N, C, D, H, W) -> X (N, Do, C·kd, H, W), X[n, o, c·kd + t] = x[n, c, o·stride - pads[0]
+    + t·dil] (0 in the padding): one gather. A 3-D convolution with weight W (O, C/g, kd, kh,
+    kw) is then the 2-D one of X with W reshaped to (O, C/g·kd, kh, kw), over the batch axes
+    (N, Do): the same sums, so the same bounds (|W| ⋆ r is |W'| ⋆ r')."""
+    n, c, d, h, w = lw.shape(x)
+    do = (d + pads[0] + pads[1] - dil * (kd - 1) - 1) // stride + 1
+    if do < 1:
+        raise ValueError(f"input depth {d} (pads {pads}) is smaller than the dilated kernel depth {dil * (kd - 1) + 1}")
+    depth = torch.tensor([[o * stride + t * dil for t in range(kd)] for o in range(do)]).reshape(-1)
+
+    def taps(t):
+        t = torch.nn.functional.pad(t, (0, 0, 0, 0, *pads))  # zeros: no element (``Builder.rearrange``)
+        t = t.index_select(2, depth).reshape(n, c, do, kd, h, w)
+        return t.permute(0, 2, 1, 3, 4, 5).reshape(n, do, c * kd, h, w)
+    return lw.b.rearrange(x, taps, name)
 
 
 def _max_pool(lw, name, at, x):

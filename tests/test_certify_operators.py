@@ -32,7 +32,7 @@ def test_adjoints_are_transposes():
 
 DOMAINS = {"relu": (-3, 3), "exp": (-6, 2), "reciprocal": (0.05, 5), "square": (-3, 3), "rsqrt": (0.01, 4),
            "gelu": (-6, 6), "gelu_tanh": (-6, 6), "tanh": (-5, 5), "sigmoid": (-10, 10), "sqrt": (0.0, 9),
-           "neg_log": (1e-3, 40)}
+           "neg_log": (1e-3, 40), "trunc": (-3, 3), "nonzero": (-1, 1)}
 
 
 @pytest.mark.parametrize("op", sorted(ops.names("elementwise")))
@@ -46,7 +46,8 @@ def test_unary_planes_enclose(op):
     f = {"relu": torch.relu, "exp": torch.exp, "reciprocal": lambda t: 1 / t,
          "square": lambda t: t * t, "rsqrt": torch.rsqrt, "gelu": torch.nn.functional.gelu,
          "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"), "tanh": torch.tanh,
-         "sigmoid": torch.sigmoid, "sqrt": torch.sqrt, "neg_log": lambda t: -torch.log(t)}[op]
+         "sigmoid": torch.sigmoid, "sqrt": torch.sqrt, "neg_log": lambda t: -torch.log(t), "trunc": torch.trunc,
+         "nonzero": lambda t: (t != 0).to(t.dtype)}[op]
     lw, lb, uw, ub = ops.get(op).planes(l, u)
     il, iu = ops.get(op).image(l, u)
     t = torch.rand(200, 1, generator=g, dtype=torch.float64)

@@ -16,7 +16,7 @@ from softcert.certify.spec import input_box
 
 SAMPLE = {"relu": (-3, 3), "exp": (-6, 2), "reciprocal": (0.05, 5), "square": (-3, 3), "rsqrt": (0.01, 4),
           "gelu": (-4, 4), "gelu_tanh": (-4, 4), "tanh": (-3, 3), "sigmoid": (-6, 6), "sqrt": (0.01, 4),
-          "neg_log": (0.01, 20)}
+          "neg_log": (0.01, 20), "trunc": (-3, 3), "nonzero": (-1, 1)}
 
 
 @pytest.mark.parametrize("name", sorted(ops.names("elementwise")))
@@ -148,6 +148,12 @@ def test_every_node_bound_encloses_activations_in_the_overflow_regime(seed, scal
 
 
 def test_elementwise_interval_outside_the_domain_is_unbounded():
-    for name in ("reciprocal", "rsqrt"):
-        lo, hi = ops.get(name).interval(None, [(torch.tensor([-1.0, 0.0, 0.5]), torch.tensor([2.0, 1.0, 1.0]))])
-        assert torch.isinf(lo[:2]).all() and torch.isinf(hi[:2]).all() and torch.isfinite(lo[2])
+    box = [(torch.tensor([-1.0, 0.0, 0.5]), torch.tensor([2.0, 1.0, 1.0]))]
+    lo, hi = ops.get("rsqrt").interval(None, box)
+    assert torch.isinf(lo[:2]).all() and torch.isinf(hi[:2]).all() and torch.isfinite(lo[2])
+    # 1/x: a box across 0 is unbounded both ways; one touching 0 from above is [1/u, inf]
+    lo, hi = ops.get("reciprocal").interval(None, box)
+    assert lo[0] == -torch.inf and hi[0] == torch.inf and 0.9999 < lo[1] <= 1.0 and hi[1] == torch.inf
+    assert torch.isfinite(lo[2]) and torch.isfinite(hi[2])
+    lo, hi = ops.get("reciprocal").interval(None, [(torch.tensor([-2.0, 0.0]), torch.tensor([0.0, 0.0]))])
+    assert -0.5 <= hi[0] < -0.4999 and lo[0] == -torch.inf and lo[1] == -torch.inf and hi[1] == torch.inf

@@ -201,10 +201,10 @@ def _where_inf():
 
 REFUSED = {
     "BatchNormalization": (lambda: _bn(True), "training mode"),
-    "Cast": (lambda: _one_node("Cast", (1, 4), (1, 4), to=TensorProto.INT64, out_type=TensorProto.INT64),
+    "Cast": (lambda: _one_node("Cast", (1, 4), (1, 4), to=TensorProto.FLOAT16, out_type=TensorProto.FLOAT16),
              "loses precision"),
-    "Conv": (lambda: _one_node("Conv", (1, 1, 2, 2, 2), (1, 1, 2, 2, 2), inits=[("w", np.ones((1, 1, 1, 1, 1)))],
-                               inputs=("x", "w")), "only 1-D and 2-D"),
+    "Conv": (lambda: _one_node("Conv", (1, 1, 2, 2, 2, 2), (1, 1, 2, 2, 2, 2),
+                               inits=[("w", np.ones((1, 1, 1, 1, 1, 1)))], inputs=("x", "w")), "only 1-D, 2-D and 3-D"),
     "Dropout": (_dropout, "training mode"),
     "MaxPool": (lambda: _maxpool_indices(), "Indices"),
     "Where": (lambda: _where_inf(), "non-finite"),
@@ -214,7 +214,7 @@ REFUSED = {
                            "last axis"),
     "Pow": (lambda: _one_node("Pow", (1, 4), (1, 4), inputs=("x", "x")), "input-dependent exponent"),
 }
-#: ... or read, but bounded only on positive inputs (these on the box [-2, -1]^4)
+#: ... or read, but bounded only where the divisor excludes 0 (these on the box [-1, 1]^4)
 REFUSED_AT_BOUNDS = {
     "Div": lambda: _one_node("Div", (1, 4), (1, 4), inits=[("c", np.array(1.0))], inputs=("c", "x")),
     "Reciprocal": lambda: _one_node("Reciprocal", (1, 4), (1, 4)),
@@ -232,9 +232,9 @@ def test_operators_read_in_part_are_refused_somewhere(op):
             read_onnx(model())
         return
     network = read_onnx(REFUSED_AT_BOUNDS[op]())
-    xl, xu = torch.full((1, 1, 4), -2.0, dtype=torch.float64), torch.full((1, 1, 4), -1.0, dtype=torch.float64)
+    xl, xu = torch.full((1, 1, 4), -1.0, dtype=torch.float64), torch.full((1, 1, 4), 1.0, dtype=torch.float64)
     C = torch.eye(4, dtype=torch.float64).reshape(1, 4, 1, 4)
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="contains 0"):
         lower_bounds(network.graph, xl, xu, C, "crown")
 
 

@@ -10,6 +10,10 @@ Families (``alpha`` broadcasts with l, u, e.g. (B, S, *shape) in alpha-CROWN; ra
 - exp, reciprocal, square, rsqrt, neg_log (convex): lower plane = tangent at
   m = l + alpha (u - l); default alpha: exp min(1/2, 0.99/(u - l)) (Shi et al. 2020), neg_log
   the tangent parallel to the chord, the others 1/2 (the midpoint); the chord stays above.
+  Reciprocal also takes boxes below 0, where 1/x = -(1/(-x)) is concave: there the chord is
+  the lower plane and the tangent at m the upper one (``reciprocal_planes``);
+- trunc, nonzero (piecewise constant, the casts of a float to an integer or to bool): the
+  only sound planes are the constant ones of the exact image.
   The softmax of our graphs is lowered to softmax_shift and a sum (affine), exp, neg_log and
   sigmoid (``certify.lowering``; masked rows: exp, sum, reciprocal and mul), so these
   families with the S-shaped and bilinear ones (``certify.ops.activations``,
@@ -235,9 +239,25 @@ def exp_image(l, u):
     return down(vl - el).clamp(min=0), up(vu + eu)
 
 
-def reciprocal_image(l, u):
-    """[1/u, 1/l], each correctly rounded, one ulp outward."""
+def _positive_reciprocal_image(l, u):
+    """[1/u, 1/l] for 0 < l <= u, each correctly rounded, one ulp outward."""
     return down(1 / u).clamp(min=0), up(1 / l)
+
+
+def _reflect(l, u):
+    """(below, a, b): where the box lies below 0 (u <= 0, l < 0), its mirror [a, b] = [-u, -l]
+    >= 0; elsewhere [l, u] itself (negation is exact; + 0.0 turns -0.0 into +0.0, so 1/a is
+    +inf at a = 0)."""
+    below = (u < 0) | ((u == 0) & (l < 0))
+    return below, torch.where(below, -u, l) + 0.0, torch.where(below, -l, u)
+
+
+def reciprocal_image(l, u):
+    """[1/u, 1/l] on a box of one sign (1/x decreases on each side of 0): below 0 the
+    mirror of the positive image, 1/x = -(1/(-x)). Boxes containing 0: see ``Reciprocal``."""
+    below, a, b = _reflect(l, u)
+    lo, hi = _positive_reciprocal_image(a, b)
+    return torch.where(below, -hi, lo), torch.where(below, -lo, hi)
 
 
 def square_image(l, u):
@@ -257,10 +277,105 @@ def neg_log_image(l, u):
 
 
 exp_planes = convex_planes("exp", exp_image)
-reciprocal_planes = _positive("reciprocal", convex_planes("reciprocal", reciprocal_image))
+_positive_reciprocal_planes = convex_planes("reciprocal", _positive_reciprocal_image)
 square_planes = convex_planes("square", square_image)
 rsqrt_planes = _positive("rsqrt", convex_planes("rsqrt", rsqrt_image))
 neg_log_planes = _positive("neg_log", convex_planes("neg_log", neg_log_image), strict=False)
+
+
+def _contains_zero(l, u):
+    return (l <= 0) & (u >= 0)
+
+
+def _straddles_zero(l, u):
+    return ((l < 0) & (u > 0)) | ((l == 0) & (u == 0))
+
+
+def _zero_message(where, l, u, bad):
+    k = int(bad.flatten().nonzero()[0])
+    return (f"{where}: the input interval [{float(l.flatten()[k]):.6g}, {float(u.flatten()[k]):.6g}] "
+            f"(element {k} of {bad.numel()}, {int(bad.sum())} such) contains 0, where 1/x is unbounded "
+            f"of both signs; bound the divisor away from 0 (a smaller input box, or a divisor of one sign)")
+
+
+def reciprocal_planes(l, u, alpha=None):
+    """Planes of 1/x on boxes of one sign. Below 0, with h(y) = 1/y on the mirror [-u, -l]
+    (convex: tangent lw·y + lb below, chord uw·y + ub above) and 1/x = -h(-x):
+    uw·x - ub <= 1/x <= lw·x - lb, so the chord is the lower plane and the tangent the upper
+    one (1/x is concave there); the tangent point keeps m = l + alpha (u - l) (the mirror's
+    alpha is 1 - alpha). Negations are exact, so the certified intercepts carry over.
+    ValueError for a box containing 0."""
+    l, u = tensor_of(l, torch.float64), tensor_of(u, torch.float64)
+    bad = _contains_zero(l, u)
+    if bool(bad.any()):
+        raise ValueError(_zero_message("reciprocal", l, u, bad))
+    below, a, b = _reflect(l, u)
+    if alpha is not None:
+        alpha = tensor_of(alpha, torch.float64, l.device)
+        alpha = torch.where(below, 1 - alpha, alpha)
+    lw, lb, uw, ub = _positive_reciprocal_planes(a, b, alpha)
+    return (torch.where(below, uw, lw), torch.where(below, -ub, lb),
+            torch.where(below, lw, uw), torch.where(below, -lb, ub))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reciprocal(Elementwise):
+    """1/x on boxes of one sign. ``domain`` (0, None) is the convex branch, where ``convex``
+    and the tangent family's reading (tangent below, chord above) hold; a box below 0 is its
+    mirror (``reciprocal_planes``). A box touching 0 from one side has the half-infinite
+    interval [1/u, inf] or [-inf, 1/l] (a sum of exps whose lower bound underflowed to 0) and
+    no planes. A box with 0 inside has no bound: the interval of a graph node refuses it,
+    naming the node (1/x is unbounded of both signs there); without a node (the map alone) it
+    is (-inf, inf). No ``value_range``: below 0 the values are negative."""
+
+    def interval(self, node, ins, const=None):
+        l, u = ins[0]
+        bad = _straddles_zero(l, u)
+        if node is not None and bool(bad.any()):
+            raise ValueError(_zero_message(f"{self.name} at node {node.name!r}", l, u, bad))
+        lo, hi = self.image(l, u)
+        return torch.where(bad, -torch.inf, lo), torch.where(bad, torch.inf, hi)
+
+
+def trunc_image(l, u):
+    """[trunc l, trunc u]: trunc (rounding toward 0) is monotone and exact in float64."""
+    return torch.trunc(l), torch.trunc(u)
+
+
+def nonzero_image(l, u):
+    """{1} on a box without 0, {0} on [0, 0], else [0, 1] (exact)."""
+    return ((l > 0) | (u < 0)).to(l.dtype), ((l != 0) | (u != 0)).to(l.dtype)
+
+
+def constant_planes(image):
+    """planes(l, u, alpha) of a piecewise-constant map: 0·x + lo <= f(x) <= 0·x + hi with
+    [lo, hi] its exact image (between its steps a plane of nonzero slope would cut it)."""
+    def planes(l, u, alpha=None):
+        lo, hi = image(tensor_of(l, torch.float64), tensor_of(u, torch.float64))
+        zero = torch.zeros_like(lo)
+        return zero, lo, zero, hi
+    return planes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limited(Elementwise):
+    """An elementwise map whose node may carry ``limits`` (lo, hi): float64 bounds the output
+    must stay in (ONNX's cast of a float to int8 is undefined outside [-128, 127]; an int64
+    cast to float32 rounds beyond 2^24); ``interval`` raises ValueError naming the node where
+    the image leaves them."""
+
+    def interval(self, node, ins, const=None):
+        lo, hi = super().interval(node, ins, const)
+        limits = None if node is None else node.params.get("limits")
+        if limits is not None:
+            out = (lo < limits[0]) | (hi > limits[1])
+            if bool(out.any()):
+                k = int(out.flatten().nonzero()[0])
+                raise ValueError(f"{self.name} at node {node.name!r}: the output interval [{float(lo.flatten()[k]):.6g}, "
+                                 f"{float(hi.flatten()[k]):.6g}] (element {k}) leaves [{limits[0]:.6g}, {limits[1]:.6g}], "
+                                 f"the integers the target type holds exactly (outside, the cast is undefined, "
+                                 f"wraps or rounds); use a smaller input box")
+        return lo, hi
 
 
 def _init(name):
@@ -296,9 +411,9 @@ register(Elementwise(name="relu", description="max(x, 0)", fn=torch.relu,
 register(Elementwise(name="exp", description="exp(x)", fn=torch.exp,
                      image=exp_image, planes=exp_planes, slope_init=_init("exp"),
                      monotone=True, convex=True, value_range=(0.0, None)))
-register(Elementwise(name="reciprocal", description="1/x on x > 0", fn=lambda t: 1.0 / t,
-                     image=reciprocal_image, planes=reciprocal_planes, slope_init=_init("reciprocal"),
-                     monotone=True, convex=True, domain=(0.0, None), value_range=(0.0, None)))
+register(Reciprocal(name="reciprocal", description="1/x on boxes of one sign (convex on x > 0)",
+                    fn=lambda t: 1.0 / t, image=reciprocal_image, planes=reciprocal_planes,
+                    slope_init=_init("reciprocal"), monotone=True, convex=True, domain=(0.0, None)))
 register(Elementwise(name="square", description="x²", fn=lambda t: t * t,
                      image=square_image, planes=square_planes, slope_init=_init("square"),
                      convex=True, value_range=(0.0, None)))
@@ -308,3 +423,8 @@ register(Elementwise(name="rsqrt", description="x^(-1/2) on x > 0", fn=torch.rsq
 register(Elementwise(name="neg_log", description="-log x on x > 0 (convex, decreasing)", fn=lambda t: -torch.log(t),
                      image=neg_log_image, planes=neg_log_planes, slope_init=_init("neg_log"),
                      monotone=True, convex=True, domain=(0.0, None)))
+register(Limited(name="trunc", description="x rounded toward 0 (a cast to an integer type)", fn=torch.trunc,
+                 image=trunc_image, planes=constant_planes(trunc_image), monotone=True))
+register(Elementwise(name="nonzero", description="1 where x != 0, else 0 (a cast to bool)",
+                     fn=lambda t: (t != 0).to(t.dtype), image=nonzero_image, planes=constant_planes(nonzero_image),
+                     value_range=(0.0, 1.0)))

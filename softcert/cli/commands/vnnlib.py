@@ -54,16 +54,17 @@ ONNX_OPERATORS_READ = (
 #: (not standard) prints them with what is read
 PARTIAL_OPERATORS = {
     "BatchNormalization": "inference mode only (training mode, batch statistics, is refused)",
-    "Cast": "only float32/float64 casts that lose no precision (to float16, bfloat16, integers or bool refused)",
-    "Conv": "1-D and 2-D, every auto_pad (3-D refused)",
-    "Div": "by a constant, or by a perturbed divisor whose bounds are positive",
+    "Cast": "float casts that lose no precision, float to integer (truncation) or bool (x != 0), integers moved "
+            "or cast again (to float16 or bfloat16, float64 to float32 and integer arithmetic refused)",
+    "Conv": "1-D, 2-D and 3-D, every auto_pad (4-D and more refused)",
+    "Div": "by a constant, or by a perturbed divisor whose bounds exclude 0",
     "Dropout": "inference mode only (training mode draws random numbers)",
     "Erf": "only inside the exporters' GELU pattern x * 0.5 * (1 + erf(x / sqrt(2)))",
     "LayerNormalization": "over the last axis only",
     "MaxPool": "the values only (a second output, Indices, is refused)",
-    "Pow": "constant scalar exponent: integers on any bounds (negative ones on positive bounds), other values on "
+    "Pow": "constant scalar exponent: integers on any bounds (negative ones on bounds that exclude 0), other values on "
            "positive bounds (an input-dependent exponent is refused)",
-    "Reciprocal": "on positive bounds only",
+    "Reciprocal": "on bounds that exclude 0",
     "Where": "a constant condition with finite constant branches (a comparison of perturbed values is refused)",
 }
 #: ``supports --onnx-operators``: every read operator not read in part (no element types
