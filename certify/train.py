@@ -37,13 +37,13 @@ RECIPES = {
 }
 
 
-#: certifiably trained zoo models (certify.training, CROWN-IBP with CertifiedTraining's defaults,
-#: issue 34): name -> (the recipe whose architecture and dataset they use, training eps).
-#: Regenerate one (not part of --all; minutes to an hour on one CPU thread, docs/certify/training.md):
-#:     softcert train --certified --model ARCH --eps EPS --out certify/zoo   (writes ARCH-ct.pt)
+#: certifiably trained zoo models (certify.training, issue 34): name -> (the recipe whose
+#: architecture and dataset they use, the ``CertifiedTraining`` fields that differ from its
+#: defaults). Regenerate one (not part of --all; docs/certify/training.md gives the times):
+#:     softcert train --certified NAME        (writes certify/zoo/NAME.pt and NAME.json)
 CERTIFIED = {
-    "mnist-vit1-ct": ("mnist-vit1", 0.02),
-    "mnist-vit2-ct": ("mnist-vit2", 0.02),
+    "mnist-vit1-ct": ("mnist-vit1", dict(eps=0.02)),
+    "mnist-vit2-ct": ("mnist-vit2", dict(eps=0.02)),
 }
 
 

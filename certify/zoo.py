@@ -20,8 +20,7 @@ def load(name: str):
         raise ValueError(f"name: unknown model {name!r}; available: {', '.join(names())}")
     path = ZOO_DIR / f"{name}.pt"
     if not path.exists():
-        how = (f"softcert train --certified --model {CERTIFIED[name][0]} --eps {CERTIFIED[name][1]} --out "
-               f"{ZOO_DIR}" if name in CERTIFIED else f"softcert train {name}")
+        how = f"softcert train {'--certified ' if name in CERTIFIED else ''}{name}"
         raise ValueError(f"name: the checkpoint of {name!r} is not in {ZOO_DIR}; train it: {how}")
     ckpt = torch.load(path, weights_only=True)
     cfg = dict(ckpt["config"])

@@ -238,3 +238,31 @@ def test_cli_trains_certifiably_and_writes_a_loadable_checkpoint(tmp_path, capsy
 def test_cli_errors_name_the_argument(tmp_path, capsys, extra, flag):
     assert softcert.cli.main(["train", "--certified", *extra, "--out", str(tmp_path)]) == 2
     assert flag in capsys.readouterr().err
+
+
+def test_cli_trains_a_certified_zoo_name_with_its_recorded_options(tmp_path, monkeypatch):
+    from softcert.certify import train
+
+    recorded = dict(eps=0.01, epochs=2, warmup_epochs=1, ramp_epochs=1, batch_size=32)
+    monkeypatch.setitem(train.CERTIFIED, "digits-vit1-ct", ("digits-vit1", recorded))
+    assert softcert.cli.main(["train", "--certified", "digits-vit1-ct", "--n", "64", "--out", str(tmp_path)]) == 0
+    log = json.loads((tmp_path / "digits-vit1-ct.json").read_text())
+    assert {k: log["training"][k] for k in recorded} == recorded and log["training"]["source"] == "digits-vit1-ct"
+    # a flag overrides the recorded value
+    argv = ["train", "--certified", "--model", "digits-vit1-ct", "--n", "64", "--lr", "0.001", "--out", str(tmp_path)]
+    assert softcert.cli.main(argv) == 0
+    log = json.loads((tmp_path / "digits-vit1-ct.json").read_text())
+    assert log["training"]["lr"] == 0.001 and log["training"]["eps"] == 0.01
+
+
+def test_cli_certified_flags_need_certified(capsys):
+    assert softcert.cli.main(["train", "digits-vit1", "--eps", "0.1"]) == 2
+    assert "--eps: only with --certified" in capsys.readouterr().err
+
+
+def test_a_missing_certified_checkpoint_names_the_command_that_trains_it(monkeypatch):
+    from softcert.certify import train, zoo
+
+    monkeypatch.setitem(train.CERTIFIED, "no-such-ct", ("digits-vit1", {}))
+    with pytest.raises(ValueError, match="softcert train --certified no-such-ct"):
+        zoo.load("no-such-ct")

@@ -6,7 +6,9 @@ Trains each named model (or every recipe with ``--all``) on one CPU thread and w
 With ``--certified``: one model (``--model``, or one name) trained by
 ``certify.train_certified``; writes ``<out>/<stem>-ct.pt`` ({"recipe", "config", "state_dict",
 "dataset", "training"}: ``--model`` loads it back) and ``<out>/<stem>-ct.json`` (the options and
-the per-epoch history).
+the per-epoch history). A certifiably trained zoo name (certify.train.CERTIFIED, e.g.
+mnist-vit4-ct) trains its recorded architecture with its recorded options (flags override them)
+and writes ``<out>/<name>.pt``.
 """
 from __future__ import annotations
 
@@ -26,17 +28,19 @@ _VIT = "softcert.certify.models:ViT"
 
 
 def configure(parser) -> None:
-    parser.add_argument("names", nargs="*", help=f"any of {', '.join(train.RECIPES)}")
+    parser.add_argument("names", nargs="*", help=f"any of {', '.join(train.RECIPES)}; with --certified also "
+                                                 f"{', '.join(train.CERTIFIED)}")
     parser.add_argument("--all", action="store_true", help="every recipe")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None,
                         help="checkpoint folder (default: certify/zoo, the committed zoo; with --certified: the "
-                             "current folder)")
+                             "current folder, except for a certifiably trained zoo name)")
     ct = parser.add_argument_group("certified training (--certified; defaults: certify.CertifiedTraining)")
     ct.add_argument("--certified", action="store_true",
                     help="train one model certifiably (IBP / CROWN-IBP, certify.train_certified)")
     ct.add_argument("--model", default=None, metavar="MODEL",
-                    help="a zoo recipe name (a fresh model of that architecture, seeded by --seed, trained on the "
+                    help="a certifiably trained zoo name (its recorded architecture and options), a zoo recipe name "
+                         "(a fresh model of that architecture, seeded by --seed, trained on the "
                          "recipe's dataset), or file.py:function / package.module:function returning the nn.Module, "
                          "or a checkpoint {'recipe', 'config', 'state_dict'} / {'config', 'state_dict'} of "
                          "certify.ViT, trained from its weights on --data")
@@ -46,20 +50,21 @@ def configure(parser) -> None:
     ct.add_argument("--n", type=int, default=None, help="train on the first n samples only (default: all)")
     from softcert.certify.training import BOUNDS, CertifiedTraining
 
+    # default None: the options recorded for a certifiably trained zoo name, else CertifiedTraining's
     d = CertifiedTraining()
-    ct.add_argument("--eps", type=float, default=d.eps, help=f"final training radius (default {d.eps})")
+    ct.add_argument("--eps", type=float, default=None, help=f"final training radius (default {d.eps})")
     for flag, kind in (("--epochs", int), ("--warmup-epochs", int), ("--ramp-epochs", int), ("--kappa-end", float),
                        ("--beta-end", float), ("--lr", float), ("--batch-size", int)):
         field = _CT_FLAGS[flag]
-        ct.add_argument(flag, type=kind, default=getattr(d, field), help=f"default {getattr(d, field)}")
-    ct.add_argument("--bound", choices=BOUNDS, default=d.bound, help=f"default {d.bound}")
+        ct.add_argument(flag, type=kind, default=None, help=f"default {getattr(d, field)}")
+    ct.add_argument("--bound", choices=BOUNDS, default=None, help=f"default {d.bound}")
 
 
 def run(args) -> int:
     if args.certified:
         return _run_certified(args)
-    for flag in ("--model", "--data", "--n"):
-        if getattr(args, flag[2:]) is not None:
+    for flag in ("--model", "--data", "--n", *_CT_FLAGS):
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
             raise ValueError(f"{flag}: only with --certified")
     names = list(train.RECIPES) if args.all else args.names
     if not names:
@@ -76,11 +81,26 @@ def run(args) -> int:
 
 
 # ---------------------------------------------------------------- --certified
-def _options(args):
+def _spec(args):
+    """The one model named by --model or the positional names."""
+    if args.all:
+        raise ValueError("--all: certified training takes one model (--model)")
+    if args.model is not None and args.names:
+        raise ValueError(f"names: give the model once (--model {args.model} or a name, not both)")
+    if len(args.names) > 1:
+        raise ValueError("names: certified training takes one model")
+    spec = args.model if args.model is not None else (args.names[0] if args.names else None)
+    if spec is None:
+        raise ValueError("--model: name the model to train (a zoo recipe, an entry point or a checkpoint)")
+    return spec
+
+
+def _options(args, spec):
     from softcert.certify.training import CertifiedTraining
 
-    fields = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in _CT_FLAGS.items()}
-    fields["seed"] = args.seed
+    recorded = train.CERTIFIED[spec][1] if spec in train.CERTIFIED and not Path(spec).exists() else {}
+    flags = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in _CT_FLAGS.items()}
+    fields = {**recorded, **{k: v for k, v in flags.items() if v is not None}, "seed": args.seed}
     try:
         return CertifiedTraining(**fields)
     except ValueError as exc:
@@ -92,31 +112,24 @@ def _options(args):
         raise
 
 
-def _source(args):
-    """(model, x, y, stem, recipe, config, dataset) of --model / names and --data."""
+def _source(args, spec):
+    """(model, x, y, output name, recipe, config, dataset) of the model ``spec`` and --data."""
     from softcert.certify import data as bundled
     from softcert.certify.models import ViT
     from softcert.cli import model_formats, modelio
 
-    if args.all:
-        raise ValueError("--all: certified training takes one model (--model)")
-    if args.model is not None and args.names:
-        raise ValueError(f"names: give the model once (--model {args.model} or a name, not both)")
-    if len(args.names) > 1:
-        raise ValueError("names: certified training takes one model")
-    spec = args.model if args.model is not None else (args.names[0] if args.names else None)
-    if spec is None:
-        raise ValueError("--model: name the model to train (a zoo recipe, an entry point or a checkpoint)")
-    if spec in train.RECIPES and not Path(spec).exists():
+    zoo = {**{n: (n, f"{n}-ct") for n in train.RECIPES}, **{n: (a, n) for n, (a, _) in train.CERTIFIED.items()}}
+    if spec in zoo and not Path(spec).exists():
+        arch, name = zoo[spec]
         if args.data is not None:
-            raise ValueError(f"--data: the zoo recipe {spec!r} trains on its own dataset "
-                             f"({train.RECIPES[spec][0]}); drop --data")
-        dataset, cfg, _ = train.RECIPES[spec]
+            raise ValueError(f"--data: the zoo model {spec!r} trains on its own dataset "
+                             f"({train.RECIPES[arch][0]}); drop --data")
+        dataset, cfg, _ = train.RECIPES[arch]
         torch.manual_seed(args.seed)
         model = ViT(**cfg)
         x, y, _, _ = getattr(bundled, dataset)()
         config = dict(model.config, image=list(model.config["image"]))
-        return model, x, y, spec, _VIT, config, dataset
+        return model, x, y, name, _VIT, config, dataset
     source = model_formats.parse(spec)
     if source.kind in ("zoo", "onnx", "export"):
         raise ValueError(f"--model: {spec} is {'a zoo checkpoint without a recipe' if source.kind == 'zoo' else 'an ' + source.kind + ' file'}; "
@@ -139,23 +152,25 @@ def _source(args):
         obj = torch.load(source.target, weights_only=True, map_location="cpu")
         recipe, config = obj.get("recipe", _VIT), dict(obj.get("config", {}))
     stem = source.function if source.kind == "entry" else Path(spec).stem
-    return model, x, y, stem, recipe, config, dataset
+    return model, x, y, f"{stem}-ct", recipe, config, dataset
 
 
 def _run_certified(args) -> int:
     from softcert.certify.training import train_certified
     from softcert.cli import common
 
-    options = _options(args)
-    model, x, y, stem, recipe, config, dataset = _source(args)
+    spec = _spec(args)
+    options = _options(args, spec)
+    model, x, y, name, recipe, config, dataset = _source(args, spec)
     if args.n is not None:
         if args.n < 1:
             raise ValueError(f"--n: expected a positive number of samples, got {args.n}")
         x, y = x[:args.n], y[:args.n]
-    out = Path(args.out) if args.out is not None else Path(".")
+    zoo_name = spec in train.CERTIFIED and not Path(spec).exists()
+    out = Path(args.out) if args.out is not None else (train.ZOO_DIR if zoo_name else Path("."))
     torch.set_num_threads(1)
     steps = options.epochs * -(-len(x) // options.batch_size)
-    bar = common.progress(total=steps, desc=f"{stem} (certified, {options.bound})")
+    bar = common.progress(total=steps, desc=f"{name} (certified, {options.bound})")
 
     def progress(epoch, step, eps, natural, robust):
         bar.set_postfix(epoch=epoch, eps=f"{eps:.4f}", nat=f"{natural:.3f}",
@@ -167,18 +182,18 @@ def _run_certified(args) -> int:
     finally:
         bar.close()
     out.mkdir(parents=True, exist_ok=True)
-    training = dict(dataclasses.asdict(options), n=len(x), source=args.model or args.names[0])
+    training = dict(dataclasses.asdict(options), n=len(x), source=spec)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    ckpt = out / f"{stem}-ct.pt"
+    ckpt = out / f"{name}.pt"
     torch.save({"recipe": recipe, "config": config, "state_dict": state, "dataset": dataset,
                 "training": _jsonable(training)}, ckpt)
-    log = out / f"{stem}-ct.json"
+    log = out / f"{name}.json"
     log.write_text(json.dumps({"command": " ".join(getattr(args, "invocation", [])), "checkpoint": ckpt.name,
                                "training": _jsonable(training),
                                "history": [dataclasses.asdict(r) for r in history]}, indent=1) + "\n")
     last = history[-1]
     rob = "-" if last.robust_loss is None else f"{last.robust_loss:.3f}"
-    print(f"{stem}: epoch {last.epoch}: eps {last.eps:.4f}, natural loss {last.natural_loss:.3f}, robust loss {rob}")
+    print(f"{name}: epoch {last.epoch}: eps {last.eps:.4f}, natural loss {last.natural_loss:.3f}, robust loss {rob}")
     print(f"wrote {ckpt} and {log}")
     return 0
 
