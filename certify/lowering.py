@@ -12,7 +12,8 @@ Compound operations are lowered to primitives whose relaxations are known:
 - softmax(x)_k = σ(y_k - log Σ_{j≠k} exp(y_j)), y = x - x_j* for a per-row key j*
   (``softmax_shift``; softmax is shift invariant, so the lowering is exact); masked rows,
   and ``softmax_form("product")``, keep exp(y) · 1/Σ exp(y) (Σ exp(y) >= 1);
-- LayerNorm(x) = (x - mean x) · rsqrt(mean (x - mean x)² + eps) · w + b;
+- LayerNorm(x) = (x - mean x) · rsqrt(mean (x - mean x)² + eps) · w + b; the normalised
+  values lie in [-sqrt(n - 1), sqrt(n - 1)] (``normed_bound``), a value range of their node;
 - BatchNorm in eval: a per-channel x · s + t with s, t computed from the running statistics;
 - attention (scaled_dot_product_attention, MultiheadAttention): softmax(Q Kᵀ · scale + mask) V,
   recorded in ``Graph.attention`` so Vertex-Softmax can bound the P·V term exactly.
@@ -79,6 +80,16 @@ def const(t):
     t = t.detach() if isinstance(t, torch.Tensor) else torch.as_tensor(t, device=_DEVICE.get())
     return t.to(F64) if t.is_floating_point() else t
 
+
+
+def normed_bound(n: int) -> float:
+    """r >= |c_i| / sqrt(mean c² + eps) for every c of n entries with sum 0 (c = x - mean x)
+    and eps > 0: c_i² <= (n - 1)/n · Σ c² (Σ_{j≠i} c_j = -c_i and Cauchy-Schwarz give
+    c_i² <= (n - 1) Σ_{j≠i} c_j²), so the ratio is below sqrt(n - 1). Real arithmetic; the
+    factor 1 + 1e-6 leaves room for the rounding of a computed LayerNorm (ratios within a few
+    ulps of the bound), which the IBP of the product (center · rsqrt) loses: its width grows
+    with the input box without limit, this bound does not."""
+    return math.sqrt(n - 1) * (1 + 1e-6)
 
 class Builder:
     """Appends nodes to ``self.graph``; every method takes values (node id or constant
@@ -323,7 +334,8 @@ class Builder:
         var = self.node("mean_last", [sq], shape[:-1] + (1,), f"{name}.var", value_range=(float(eps), None),
                         add=float(eps), n=n)
         rs = self.node("rsqrt", [var], shape[:-1] + (1,), f"{name}.rsqrt")
-        y = self.node("mul", [c, rs], shape, f"{name}.normed")
+        r = normed_bound(n)
+        y = self.node("mul", [c, rs], shape, f"{name}.normed", value_range=(-r, r))
         if weight is not None:
             y = self.mul(y, const(weight), name)
         if bias is not None:

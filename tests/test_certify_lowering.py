@@ -11,7 +11,7 @@ from torch import nn
 
 from softcert import certify
 from softcert.certify import crown, ops
-from softcert.certify.lowering import Builder
+from softcert.certify.lowering import Builder, normed_bound
 from softcert.certify.options import AttackOptions
 
 F64 = torch.float64
@@ -248,3 +248,32 @@ def test_softmax_form_is_checked_and_keys_the_graph_cache():
     sigmoid = {n.op for n in certify.graph_of(m, x).nodes}
     # the causal (masked) softmax keeps the product form in both
     assert "neg_log" in sigmoid and "neg_log" not in product and "reciprocal" in sigmoid
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64])
+def test_layer_norm_values_stay_within_the_normed_bound_which_is_nearly_attained(n):
+    """Oracle: LayerNorm's normalised values in float64 on random, spiky and extreme rows lie
+    within normed_bound(n); the row (n - 1, -1, ..., -1) with eps -> 0 approaches it."""
+    g = torch.Generator().manual_seed(n)
+    rows = [torch.randn(200, n, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-3, 8, (200, 1), generator=g)]
+    spike = torch.zeros(1, n, dtype=torch.float64)
+    spike[0, 0] = 1e6
+    rows.append(spike)
+    x = torch.cat(rows)
+    y = nn.functional.layer_norm(x, (n,), eps=1e-12)
+    assert y.abs().max() <= normed_bound(n)
+    if n > 1:
+        assert y[-1, 0] >= math.sqrt(n - 1) * (1 - 1e-9)
+
+
+def test_layer_norm_interval_is_finite_on_any_box():
+    """IBP of (x - mean)·rsqrt(var + eps) alone grows without limit with the box; the value
+    range of the normalised node keeps the LayerNorm's output within |w|·sqrt(n - 1) + |b|."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 3)).double().eval()
+    x = torch.rand(2, 4, dtype=torch.float64)
+    r = certify.verify(model, x, torch.tensor([0, 1]), 100.0, method="ibp", domain=None)
+    assert torch.isfinite(r.lower_margin).all()
+    w, b = model[1].weight.abs(), model[1].bias.abs()
+    bound = (model[2].weight.abs() @ (w * normed_bound(8) + b)).max() + model[2].bias.abs().max()
+    assert r.lower_margin.min() >= -2 * bound - 1e-9
