@@ -17,6 +17,9 @@ loses precision (float16, bfloat16, float64 -> float32) is refused: the graph is
 real arithmetic, and a dropped rounding could turn a false property into `unsat`. A Cast of a
 float to an integer type truncates (``trunc``) and to bool tests x != 0 (``nonzero``), both
 piecewise constant; integers then only move (``_MOVES_INTEGERS``) or are cast again.
+Comparisons (Greater, Less, ..., Equal) of perturbed values are 0/1 steps of their difference
+(``_compare``), read by Where (``_where``: the bilinear product), Cast, Not, And, Or and the
+moves; bool values are made only by ``_MAKES_BOOLS``, never by arithmetic.
 Batch: the model is read at batch 1 (a symbolic first axis counts as 1). The first graph
 input that is not an initializer is the perturbed input; the first graph output is the output.
 """
@@ -199,7 +202,9 @@ _INTEGERS = {_BOOL: (0, 1), onnx.TensorProto.FLOAT: (-2**24, 2**24), onnx.Tensor
 #: operators that read an integer (or bool) perturbed value: they only move its elements, or
 #: cast it; integer arithmetic wraps around (and Div truncates), so it is not read
 _MOVES_INTEGERS = ("Cast", "Concat", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Slice", "Split",
-                   "Squeeze", "Transpose", "Unsqueeze")
+                   "Squeeze", "Transpose", "Unsqueeze", "Where")
+#: operators with a bool output computed exactly from their inputs' real values (0/1 in the graph)
+_MAKES_BOOLS = ("And", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "Or")
 
 
 def _type_name(t) -> str:
@@ -265,10 +270,11 @@ class _Lowering:
             self.types[out] = int(attrs["to"]) if node.op_type == "Cast" else self.types.get(src, 0)
         t = self.types[out]
         if t in _INTEGERS and t not in _FLOAT_TYPES:  # bool or an integer type
-            if node.op_type not in _MOVES_INTEGERS:
+            if node.op_type not in _MOVES_INTEGERS and not (t == _BOOL and node.op_type in _MAKES_BOOLS):
                 raise ValueError(f"{where}: output {out!r} is {_type_name(t)} on the perturbed path: integer "
                                  f"arithmetic wraps around (and Div truncates), so only {', '.join(_MOVES_INTEGERS)} "
-                                 f"read integers (cast them back to float32 first)")
+                                 f"read integers or bools, and only {', '.join(_MAKES_BOOLS)} make bools "
+                                 f"(cast them back to float32 first)")
             return
         self.check_float(out, f"{where}: output {out!r}")
 
@@ -676,17 +682,70 @@ def _split(lw, name, at, x, split=None):
 
 
 def _where(lw, name, at, cond, a, b):
-    """Where(cond, a, b) for a constant condition (e.g. a mask): a·m + b·(1 - m), m = cond as
-    0/1, exact. A condition that depends on the input (a comparison of perturbed values, a
-    step function) and non-finite constant branches (an additive -inf mask) are refused."""
-    c = np.asarray(_need_const(cond, "the condition (a comparison of perturbed values, a step function, is not read)"))
-    shape = tuple(np.broadcast_shapes(c.shape, lw.shape(a), lw.shape(b)))
+    """Where(cond, a, b) = a·m + b·(1 - m), m = cond as 0/1. A constant condition (e.g. a mask)
+    is exact (two constant products). A perturbed condition (a comparison, a cast to bool,
+    Not/And/Or of them: values 0/1 with bounds in [0, 1]) multiplies on the bilinear ``mul``
+    (McCormick, sound for any bounds): a·m + b·(1 - m) rather than b + m·(a - b), so a
+    condition decided on the box ({1} or {0}) gives exactly a or b in interval arithmetic too
+    (and in CROWN). Non-finite constant branches (an additive -inf mask: 0·inf) are refused."""
     for what, v in (("first", a), ("second", b)):
         if not isinstance(v, int) and not np.all(np.isfinite(np.asarray(v, dtype=np.float64))):
             raise ValueError(f"the {what} branch is a constant with non-finite values (an -inf mask is not read)")
+    if isinstance(cond, int):
+        try:
+            torch.broadcast_shapes(lw.shape(cond), lw.shape(a), lw.shape(b))
+        except RuntimeError:
+            raise ValueError(f"condition and branch shapes {lw.shape(cond)}, {lw.shape(a)}, {lw.shape(b)} "
+                             f"do not broadcast") from None
+        return lw.b.add(lw.b.mul(_f(a), cond, name), lw.b.mul(_f(b), lw.b.sub(const(1.0), cond, name), name), name)
+    c = np.asarray(cond)
+    shape = tuple(np.broadcast_shapes(c.shape, lw.shape(a), lw.shape(b)))
     m = np.broadcast_to(c.astype(bool), shape)
     keep, other = const(torch.from_numpy(m.astype(np.float64))), const(torch.from_numpy((~m).astype(np.float64)))
     return lw.b.add(lw.b.mul(_f(a), keep, name), lw.b.mul(_f(b), other, name), name)
+
+
+def _step(lw, d, strict, name):
+    """[d > 0] (strict) or [d >= 0] = 1 - [-d > 0] on a perturbed d, as nonzero(relu(d)): the
+    image of each is exact, so the result's bounds are the exact image of the step ({1} where
+    l > 0, {0} where u <= 0, else [0, 1]) and its planes the constant ones."""
+    if strict:
+        return lw.b.unary("nonzero", lw.b.unary("relu", d, name), name)
+    return lw.b.sub(const(1.0), _step(lw, lw.b.neg(d, name), True, name), name)
+
+
+def _compare(op):
+    """ONNX Greater, Less, GreaterOrEqual, LessOrEqual, Equal of a perturbed value (and a
+    constant or another perturbed value) as a 0/1 value: a step of the difference
+    d = a - b (``_step``; Equal: 1 - nonzero(d), {1} only where l = u = 0). As for the whole
+    graph, the values compared are the real ones: a float32 rounding of the operands that
+    moves one across the other is not modelled. The bool result is read only by Where, Cast,
+    Not, And, Or, Equal and the moves (``_MOVES_INTEGERS``)."""
+    def rule(lw, name, at, a, b):
+        _broadcast_shape(lw, a, b)
+        d = lw.b.sub(_f(a), _f(b), name) if op in ("Greater", "GreaterOrEqual", "Equal") else lw.b.sub(_f(b), _f(a), name)
+        if op == "Equal":
+            return lw.b.sub(const(1.0), lw.b.unary("nonzero", d, name), name)
+        return _step(lw, d, op in ("Greater", "Less"), name)
+    return rule
+
+
+def _not(lw, name, at, c):
+    """Not of a 0/1 value: 1 - c (exact, affine)."""
+    return lw.b.sub(const(1.0), c, name)
+
+
+def _and(lw, name, at, p, q):
+    """And of 0/1 values: [p + q > 1.5] (``_step``): exact on 0/1 values (p + q is 0, 1 or 2),
+    its bounds the exact image in [0, 1], decided where both operands are."""
+    _broadcast_shape(lw, p, q)
+    return _step(lw, lw.b.add(lw.b.add(_f(p), _f(q), name), const(-1.5), name), True, name)
+
+
+def _or(lw, name, at, p, q):
+    """Or of 0/1 values: [p + q > 0.5] (``_step``; exact as for ``_and``)."""
+    _broadcast_shape(lw, p, q)
+    return _step(lw, lw.b.add(lw.b.add(_f(p), _f(q), name), const(-0.5), name), True, name)
 
 
 def _concat(lw, name, at, *xs):
@@ -951,6 +1010,8 @@ def _neg(lw, name, at, x):
 
 RULES = {
     "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _binary("div"),
+    **{op: _compare(op) for op in ("Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual")},
+    "Not": _not, "And": _and, "Or": _or,
     "BatchNormalization": _batch_norm, "Cast": _cast, "Concat": _concat, "Conv": _conv,
     "Dropout": _dropout, "Erf": _erf, "Exp": _unary("exp"), "Gelu": _gelu_rule, "Expand": _expand, "Flatten": _flatten, "Gather": _gather,
     "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _matmul,

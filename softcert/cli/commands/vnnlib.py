@@ -44,10 +44,11 @@ ONNX_ELEMENT_TYPES = ("real",)
 #: certify.onnx_graph.ONNX_OPERATORS (importing that module loads onnx and torch, seconds;
 #: tests/test_vnnlib_interface.py checks that the copy is equal)
 ONNX_OPERATORS_READ = (
-    "Add", "BatchNormalization", "Cast", "Concat", "Constant", "ConstantOfShape", "Conv", "Div", "Dropout", "Erf",
-    "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Identity", "LayerNormalization", "MatMul", "MaxPool",
-    "Mul", "Neg", "Pow", "Reciprocal", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Slice",
-    "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze", "Where",
+    "Add", "And", "BatchNormalization", "Cast", "Concat", "Constant", "ConstantOfShape", "Conv", "Div", "Dropout",
+    "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
+    "LayerNormalization", "Less", "LessOrEqual", "MatMul", "MaxPool", "Mul", "Neg", "Not", "Or", "Pow", "Reciprocal",
+    "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Slice", "Softmax", "Split", "Sqrt", "Squeeze",
+    "Sub", "Tanh", "Transpose", "Unsqueeze", "Where",
 )
 #: operators read only in part: not reported by ``supports --onnx-operators`` (the standard's
 #: list can restrict an operator by element type only); ``supports --onnx-operators-partial``
@@ -65,7 +66,8 @@ PARTIAL_OPERATORS = {
     "Pow": "constant scalar exponent: integers on any bounds (negative ones on bounds that exclude 0), other values on "
            "positive bounds (an input-dependent exponent is refused)",
     "Reciprocal": "on bounds that exclude 0",
-    "Where": "a constant condition with finite constant branches (a comparison of perturbed values is refused)",
+    "Where": "a constant condition, or a perturbed one (a comparison, a cast to bool, Not/And/Or of them), with "
+             "finite constant branches (an -inf mask is refused)",
 }
 #: ``supports --onnx-operators``: every read operator not read in part (no element types
 #: after a name: all of ONNX_ELEMENT_TYPES)
