@@ -69,35 +69,32 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     c, lo, hi = coefficient_box(c, lower, upper)
-    batch_shape = c.shape[:-1]
     n = c.shape[-1]
     c2, lo2, hi2 = (t.reshape(-1, n) for t in (c, lo, hi))
     if backend in ("numba", "auto"):  # the kernel scales each row itself (same _normalise)
         from softcert.kernels.vertex import vertex_bounds
 
-        low, up, lo_mask, up_mask = (torch.from_numpy(x) for x in vertex_bounds(
-            c2.numpy(), lo2.numpy(), hi2.numpy()))
-        k = None
-    else:
-        c2, k = _normalise(c2, hi2)
+        vertices = (np.empty(c2.shape), np.empty(c2.shape))  # filled by the kernel
+        low, up, _, _ = vertex_bounds(c2.numpy(), lo2.numpy(), hi2.numpy(), vertices_out=vertices)
+        return _result(*(torch.from_numpy(x) for x in (low, up) + vertices), c.shape)
+    c2, k = _normalise(c2, hi2)
     if backend == "triton":
         from softcert.kernels.triton_vertex import dinkelbach_triton
 
         lam, theta, _, robust = dinkelbach_triton(c2, lo2, hi2)
         up, up_mask = _prove_proposal(c2, lo2, hi2, lam[:, 0], theta[:, 0], robust)
         neg_low, lo_mask = _prove_proposal(-c2, lo2, hi2, lam[:, 1], theta[:, 1], robust)
-        low = -neg_low
-    elif backend == "torch":
+    else:
         up, up_mask = _max_with_vertex(c2, lo2, hi2)
         neg_low, lo_mask = _max_with_vertex(-c2, lo2, hi2)
-        low = -neg_low
-    low, up = _denormalise(low, k, -1.0), _denormalise(up, k, 1.0)
-    return VertexBounds(
-        lower=low.reshape(batch_shape),
-        upper=up.reshape(batch_shape),
-        lower_vertex=torch.where(lo_mask, hi2, lo2).reshape(c.shape),
-        upper_vertex=torch.where(up_mask, hi2, lo2).reshape(c.shape),
-    )
+    low, up = _denormalise(-neg_low, k, -1.0), _denormalise(up, k, 1.0)
+    return _result(low, up, torch.where(lo_mask, hi2, lo2), torch.where(up_mask, hi2, lo2), c.shape)
+
+
+def _result(low, up, lower_vertex, upper_vertex, shape) -> VertexBounds:
+    """Rows (R,) and (R, n) back to the caller's batch shape."""
+    return VertexBounds(lower=low.reshape(shape[:-1]), upper=up.reshape(shape[:-1]),
+                        lower_vertex=lower_vertex.reshape(shape), upper_vertex=upper_vertex.reshape(shape))
 
 
 def _normalise(c: torch.Tensor, hi: torch.Tensor):

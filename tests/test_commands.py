@@ -70,6 +70,26 @@ def test_bench_rejects_bad_repeats(capsys):
     assert "--repeats" in capsys.readouterr().err
 
 
+def test_bench_rejects_a_thread_count_numba_cannot_run(capsys):
+    assert softcert.cli.main(["bench", "--threads", "0"]) == 2
+    assert "--threads" in capsys.readouterr().err
+
+
+def test_bench_threads_sets_torch_and_numba_alike():
+    import numba
+    import torch
+
+    from softcert.cli.commands import bench
+
+    before = torch.get_num_threads(), numba.get_num_threads()
+    try:
+        bench.set_threads(1)
+        assert torch.get_num_threads() == 1 and numba.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before[0])
+        numba.set_num_threads(before[1])
+
+
 @pytest.mark.parametrize("argv, word", [(["stability", "--c", "0"], "--c"),
                                         (["ghosts", "sweep", "--archs", "ResNet"], "archs")])
 def test_bad_options_name_the_option(argv, word, tmp_path, capsys):

@@ -44,8 +44,29 @@ def _load() -> str:
         return "unknown"
 
 
+def _numba_threads() -> int:
+    import numba
+
+    from softcert.kernels.threads import caller_threads
+
+    with caller_threads():  # starting Numba's layer must not change torch's count
+        return numba.get_num_threads()
+
+
 def gpu_available() -> bool:
     return torch.cuda.is_available()
+
+
+def set_threads(n: int) -> None:
+    """One thread count for torch (the sort, the torch backend) and Numba (the kernel), so the
+    ratio compares like with like. ValueError beyond the CPUs Numba was started with."""
+    import numba
+
+    if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
+        raise ValueError(f"--threads: expected 1..{numba.config.NUMBA_NUM_THREADS} (the CPUs Numba "
+                         f"may use; set NUMBA_NUM_THREADS for more), got {n}")
+    torch.set_num_threads(n)
+    numba.set_num_threads(n)
 
 
 def measure(shapes=SHAPES, repeats: int = 5, backends=("numba", "torch"), seed: int = 0):
@@ -81,7 +102,7 @@ def to_markdown(results, command: str) -> str:
         "and scaling of bounds.vertex_softmax.",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
-        f"threads, torch {torch.__version__}; load average {_load()} when the table was written "
+        f"threads, {_numba_threads()} Numba threads, torch {torch.__version__}; load average {_load()} when the table was written "
         "(other jobs on a shared machine slow multi-threaded torch calls most, so ratios move "
         "with it).",
         "",
@@ -99,6 +120,8 @@ def to_markdown(results, command: str) -> str:
 def configure(parser) -> None:
     parser.add_argument("--out", default=None, help="folder for benchmark.md/.json (default: print only)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch and Numba threads for every timing, the sort included (default: as started)")
     parser.add_argument("--backends", "--backend", nargs="+", default=["numba", "torch"],
                         choices=list(BACKENDS))
 
@@ -106,6 +129,8 @@ def configure(parser) -> None:
 def run(args) -> int:
     if args.repeats < 1:
         raise ValueError("--repeats: must be >= 1")
+    if args.threads is not None:
+        set_threads(args.threads)
     backends = list(args.backends)
     if "triton" in backends and not gpu_available():
         print(NO_GPU)
@@ -113,7 +138,7 @@ def run(args) -> int:
         if not backends:
             return 0
     results = measure(repeats=args.repeats, backends=tuple(backends))
-    command = common.spelled_out("bench", [("--repeats", args.repeats),
+    command = common.spelled_out("bench", [("--repeats", args.repeats), ("--threads", args.threads),
                                            ("--backends", args.backends), ("--out", args.out)])
     md = to_markdown(results, command)
     print(md)
