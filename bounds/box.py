@@ -143,10 +143,28 @@ def score_box(lower, upper, *, allow_masked: bool = True) -> tuple[torch.Tensor,
     return lo, hi
 
 
+def _plain_tensors(c, lower, upper) -> bool:
+    """Three float64 CPU tensors of one non-empty shape, contiguous, that ``plain_box``
+    accepts: nothing to convert, broadcast or report."""
+    ts = (c, lower, upper)
+    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.device.type == "cpu"
+               and t.is_contiguous() and t.shape == c.shape and not t.requires_grad
+               and not t.is_neg() for t in ts):
+        return False
+    if c.dim() == 0 or c.shape[-1] == 0:
+        return False
+    from softcert.kernels.box_check import plain_box
+
+    return plain_box(*(t.reshape(-1).numpy() for t in ts))
+
+
 def coefficient_box(c, lower, upper, *, allow_masked: bool = True):
     """Validate (c, lower, upper) and broadcast them to one shape (..., n)."""
+    if allow_masked and _plain_tensors(c, lower, upper):  # the common case, one pass
+        return c.detach(), lower.detach(), upper.detach()
     cc = as_float64(c, "c", check_nan=False)
-    if cc.numel() and not torch.isfinite(cc.abs().max()):
+    # two reductions without a temporary: NaN and ±inf show in the extremes
+    if cc.numel() and not (torch.isfinite(cc.amax()) and torch.isfinite(cc.amin())):
         if torch.isnan(cc).any():
             raise ValueError("c: contains NaN")
         raise ValueError("c: contains +-inf (coefficients must be finite)")

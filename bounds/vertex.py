@@ -74,9 +74,10 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     if backend in ("numba", "auto"):  # the kernel scales each row itself (same _normalise)
         from softcert.kernels.vertex import vertex_bounds
 
-        vertices = (np.empty(c2.shape), np.empty(c2.shape))  # filled by the kernel
-        low, up, _, _ = vertex_bounds(c2.numpy(), lo2.numpy(), hi2.numpy(), vertices_out=vertices)
-        return _result(*(torch.from_numpy(x) for x in (low, up) + vertices), c.shape)
+        vertices = (torch.empty_like(c2), torch.empty_like(c2))  # filled by the kernel
+        low, up, _, _ = vertex_bounds(c2.numpy(), lo2.numpy(), hi2.numpy(),
+                                      vertices_out=tuple(v.numpy() for v in vertices))
+        return _result(torch.from_numpy(low), torch.from_numpy(up), *vertices, c.shape)
     c2, k = _normalise(c2, hi2)
     if backend == "triton":
         from softcert.kernels.triton_vertex import dinkelbach_triton

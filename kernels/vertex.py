@@ -254,7 +254,7 @@ def _solve(sign, c, lo, hi, a, b, xa, xb, order, robust, cmax, cmin, scale, xmax
     return _certify(sign, c, lo, hi, a, b, xa, xb, num / den, robust, cmax, scale)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _vertex_pass(sign, c, a, b, lam):
     """(Σ c_i w_i, Σ w_i, min {c_i : c_i > λ}) at the vertex that puts {c_i > λ} (c = sign·c)
     at the upper weights b and the rest at a."""
@@ -272,7 +272,7 @@ def _vertex_pass(sign, c, a, b, lam):
     return num, den, cmin_up
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _dinkelbach(sign, c, a, b, num, den, cmin_all, mask_out):
     """Dinkelbach iteration for max of (sign·c)·softmax on the fast path (weights a, b).
 
@@ -306,7 +306,7 @@ def _dinkelbach(sign, c, a, b, num, den, cmin_all, mask_out):
     return lam, passes, num, den, cmin_up
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _gap_from_sums(num, den, lam, cabs, k, n):
     """(G, err) of the certificate at λ from the sums N = Σ c_i w_i, D = Σ w_i of the vertex
     whose upper set is {c_i > λ}: there g(λ) = N - λD exactly (each entry's max picks that
@@ -322,7 +322,7 @@ def _gap_from_sums(num, den, lam, cabs, k, n):
     return g, 1.01 * err + 2.0 * (n + 2) * SUBNORMAL_ULP
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _prove_once(sign, c, a, b, value, bounds, scale, errors, sums, tries):
     """(λ, proved): the first of ``tries`` widenings of ``value`` (a priori step as in
     ``_certify_fast``, then x4) whose certificate holds on the fast path. ``bounds`` =
@@ -423,22 +423,24 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks, dinkelbach, p
                 cr = cbuf
                 cmax, cmin = math.ldexp(cmax, shift), math.ldexp(cmin, shift)
                 scale = math.ldexp(scale, shift)
-            robust = False
             xmax = 0.0
             num, den = 0.0, 0.0  # the all-upper vertex: Dinkelbach's start for both bounds
+            wmin = np.inf
             for i in range(n):
                 # an infinite exponent gives an exact zero weight: no error term (x = 0)
-                xb[i] = top - hr[i] if hr[i] != NEG_INF else 0.0
-                xa[i] = top - lr[i] if lr[i] != NEG_INF else 0.0
-                b[i] = math.exp(-xb[i]) if hr[i] != NEG_INF else 0.0
-                a[i] = math.exp(-xa[i]) if lr[i] != NEG_INF else 0.0
-                if (hr[i] != NEG_INF and b[i] < FAST_PATH_MIN_WEIGHT) or (
-                    lr[i] != NEG_INF and a[i] < FAST_PATH_MIN_WEIGHT
-                ):
-                    robust = True
-                xmax = max(xmax, min(xa[i], EXP_ZERO_ARG))
+                hi_i, lo_i = hr[i], lr[i]
+                x_b = top - hi_i if hi_i != NEG_INF else 0.0
+                x_a = top - lo_i if lo_i != NEG_INF else 0.0
+                w_b = math.exp(-x_b) if hi_i != NEG_INF else np.inf
+                w_a = math.exp(-x_a) if lo_i != NEG_INF else np.inf
+                wmin = min(wmin, min(w_a, w_b))
+                b[i] = w_b if hi_i != NEG_INF else 0.0
+                a[i] = w_a if lo_i != NEG_INF else 0.0
+                xmax = max(xmax, x_a)
                 num += cr[i] * b[i]
                 den += b[i]
+            xmax = min(xmax, EXP_ZERO_ARG)
+            robust = wmin < FAST_PATH_MIN_WEIGHT
             done_up = done_lo = False
             passes[r, 0] = passes[r, 1] = 0
             if dinkelbach and not robust:
@@ -455,6 +457,9 @@ def vertex_rows(c, lo, hi, upper, lower, up_mask, lo_mask, chunks, dinkelbach, p
                 if done_lo:
                     passes[r, 1] = npass
             if not (done_up and done_lo):
+                for i in range(n):  # the sweep's |log| of each weight
+                    xb[i] = top - hr[i] if hr[i] != NEG_INF else 0.0
+                    xa[i] = top - lr[i] if lr[i] != NEG_INF else 0.0
                 _argsort_desc(cr, order)
                 if not done_up:
                     upper[r] = _solve(1.0, cr, lr, hr, a, b, xa, xb, order, robust, cmax,
