@@ -110,7 +110,8 @@ class BabOptions:
     """Branch and bound (``certify.bab``): one sample is searched for at most ``timeout``
     seconds (None: no time budget, only ``max_leaves``; ``certify.verify`` needs one of them).
 
-    ``batch``: leaves split per round (twice as many children bounded at once).
+    ``batch``: leaves split per round (twice as many children bounded at once); a round that
+    runs out of the device's memory puts its leaves back and later rounds split half as many.
     ``max_leaves``: leaves bounded per sample before the search stops (unknown).
     ``alpha_steps``: Adam steps per leaf on the parent-warm-started slopes; ``root_alpha_steps``:
     at the root (alpha-CROWN's 20); ``lr``: their rate (alpha-CROWN's 0.1).

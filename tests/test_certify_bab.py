@@ -548,3 +548,55 @@ def test_leaf_bounds_hold_the_split_point_exactly():
     st, _, _ = eng._state(eng._by_node([{(node, k): (float(l[k]), p)}, {(node, k): (p, float(u[k]))}]), 2)
     sl, su = (t.detach().reshape(2, -1) for t in st.bounds[node])
     assert float(su[0, k]) == p and float(sl[1, k]) == p
+
+
+def test_a_batch_out_of_memory_is_split_in_half_and_the_search_goes_on(monkeypatch):
+    """A round whose children do not fit (a fake OutOfMemoryError above 4 children) puts its
+    leaves back and later rounds split fewer: the search reaches the same leaves, all of them
+    covering the box, and no other error is swallowed."""
+    x, y = X[5:6], Y[5:6]
+    g = graph_of(MODEL, x)
+    lo, hi = input_box(x, 0.2, None)
+    C = margin_spec(y, 3).reshape(3, 1, 3)[[j for j in range(3) if j != int(y)]]
+    rows = Rows(C, torch.zeros(2), torch.arange(2))
+    opts = BabOptions(batch=8, max_leaves=40, intermediate="full")
+
+    def run():
+        return bab.branch_and_bound(g, lo.unsqueeze(1), hi.unsqueeze(1), rows, deadline=math.inf,
+                                    options=opts, centre=x.unsqueeze(1))
+
+    plain = run()
+    real, sizes = LeafBounder.bound, []
+
+    def small_memory(self, cons, *args, **kwargs):
+        sizes.append(len(cons))
+        if len(cons) > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (a test)")
+        return real(self, cons, *args, **kwargs)
+
+    monkeypatch.setattr(LeafBounder, "bound", small_memory)
+    shrunk = run()
+    first = next(i for i, s in enumerate(sizes) if s > 4)
+    assert all(s <= 4 for s in sizes[first + 1:]) and len(sizes) > first + 1  # halved, then on
+    assert shrunk.bounded >= plain.bounded - 4 and len(shrunk.leaves) > 2
+    pts = _grid(lo[0], hi[0])[::11]
+    with torch.no_grad():
+        vals = g.values(pts)
+    for group in range(2):  # the leaves put back were split later: the box is still covered
+        inside = torch.zeros(len(pts), dtype=torch.bool)
+        for k, cons, _ in shrunk.leaves:
+            if k == group:
+                ok = torch.ones(len(pts), dtype=torch.bool)
+                for node, j, a, b in cons:
+                    z = vals[node].reshape(len(pts), -1)[:, j]
+                    ok &= (z >= a) & (z <= b)
+                inside |= ok
+        assert inside.all()
+
+    def broken(self, cons, *args, **kwargs):
+        raise RuntimeError("a bug, not memory")
+
+    monkeypatch.setattr(LeafBounder, "bound", lambda self, cons, *a, **k: real(self, cons, *a, **k)
+                        if not cons[0] else broken(self, cons))
+    with pytest.raises(RuntimeError, match="a bug"):
+        run()

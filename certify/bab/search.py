@@ -47,6 +47,7 @@ class _Search:
 
     def __init__(self, bounder, falsify, options):
         self.bounder, self.falsify, self.options = bounder, falsify, options
+        self.batch = options.batch  # halved when a batch does not fit in the device's memory
         self.queue = LeafQueue()
         self.done = []  # proved leaves: (group, constraints)
         self.final = {k: [] for k in range(len(bounder.rows))}  # proved leaves' values per group
@@ -99,7 +100,7 @@ class _Search:
     def round(self, number, deadline):
         """Split a batch of leaves and bound their children; attack from the worst of them on
         every ``leaf_every``-th round, the first (``number`` 0) included. Returns (counterexample or None, whether anything was split)."""
-        take = self.queue.pop_batch(self.options.batch)
+        take = self.queue.pop_batch(self.batch)
         if not take:
             return None, False
         cons, groups, params, parents = [], [], [], []
@@ -109,7 +110,13 @@ class _Search:
                 groups.append(leaf.group)
                 params.append(leaf.params)
                 parents.append(leaf.lower)
-        bounded = self.bounder.bound(cons, groups, RelaxationParams.stack(params), torch.cat(parents), deadline)
+        try:
+            bounded = self.bounder.bound(cons, groups, RelaxationParams.stack(params), torch.cat(parents), deadline)
+        except (RuntimeError, MemoryError) as exc:
+            if not out_of_memory(exc) or len(take) == 1:
+                raise
+            self._shrink(take)
+            return None, True
         open_ = self.file(bounded, cons, groups)
         attack = self.options.attack
         if self.falsify is not None and open_ and number % attack.leaf_every == 0:
@@ -117,6 +124,15 @@ class _Search:
             order = sorted(open_, key=values.__getitem__)[: attack.leaf_count]
             return self.falsify(bounded.worst[order]), True
         return None, True
+
+    def _shrink(self, take):
+        """The batch ``take`` ran out of memory: its leaves go back to the queue (nothing of
+        them was filed) and later rounds split half as many."""
+        for leaf in take:
+            self.queue.push(leaf)
+        self.batch = max(1, len(take) // 2)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def outcome(self, cex, timed_out):
         ng = len(self.bounder.rows)
@@ -128,6 +144,12 @@ class _Search:
         leaves = tuple((k, flat(cs), True) for k, cs in self.done) + \
             tuple((lf.group, flat(lf.constraints), False) for lf in self.queue.leaves())
         return Outcome(proved, lower, cex, timed_out, self.bounder.bounded, self.bounder.vertex_wins, leaves)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Is ``exc`` an allocation failure (CUDA's OutOfMemoryError, the CPU allocator's
+    "not enough memory", Python's MemoryError) rather than a bug?"""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "not enough memory" in str(exc)
 
 
 def branch_and_bound(graph, xl, xu, rows: Rows, *, deadline, options=BabOptions(), falsify=None,
