@@ -38,7 +38,7 @@ import torch
 from softcert import certify
 from softcert.certify.options import AttackOptions
 from softcert.certify.spec import check_eps
-from softcert.cli import common, model_formats
+from softcert.cli import common, devices, model_formats
 from softcert.cli.store import Store
 from softcert.cli.store import load as load_store
 
@@ -87,6 +87,9 @@ class Job:
     attack_steps: int = 40
     restarts: int = 2
     allow_pickle: bool = False
+    #: where each image is bounded (``--device``; None: the CPU). Not part of the store's key:
+    #: a record is sound wherever it was computed
+    device: str | None = None
 
     def __post_init__(self):
         if not self.models or not all(isinstance(m, str) for m in self.models):
@@ -203,12 +206,13 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
     start = time.perf_counter()
     torch.set_num_threads(1)
     model, x, y, _ = load(spec, job.data, job.allow_pickle)
+    model, x, y = devices.on_device(model, x[index:index + 1], y[index:index + 1], devices.device_of(job.device))
     out = []
     for eps, methods in todo:
         # anything drawing from the global generator draws per image; the caller's state is kept
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(_seed(spec, index))
-            ev = certify.evaluate(model, x[index:index + 1], y[index:index + 1], [eps], list(methods),
+            ev = certify.evaluate(model, x, y, [eps], list(methods),
                                   attack=AttackOptions(steps=job.attack_steps, restarts=job.restarts))
         out += [record_to_json(spec, dataclasses.replace(r, index=index)) for r in ev.records]
     # where and how long the whole task ran (PGD included): the scaling model's t_task

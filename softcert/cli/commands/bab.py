@@ -21,7 +21,7 @@ import torch
 
 from softcert import certify
 from softcert.certify.options import ROOT_INTERMEDIATE, BabOptions
-from softcert.cli import common, dataset, model_formats, style
+from softcert.cli import common, dataset, devices, model_formats, style
 
 #: the ingredients table: column -> method. "alpha-crown-relu" and "alpha-crown" name the
 #: same registered method until certify.METHODS has a ReLU-only variant of its own
@@ -50,6 +50,7 @@ def configure(parser):
                              "only where the root is left open), full (CROWN: the default before session 8, "
                              "2026-12-03), alpha (always optimised)")
     parser.add_argument("--out", default="docs/certify")
+    devices.add_argument(parser)
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of other (model, eps) pairs already in OUT/bab.json (e.g. a second model "
                              "run with other radii)")
@@ -75,13 +76,14 @@ def run(args) -> int:
         raise ValueError("--n: must be >= 1")
     if not args.timeout > 0:
         raise ValueError("--timeout: must be > 0")
+    devices.device_of(args.device)  # refused by name before anything loads
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = common.command_line(args, "bab", [
         ("--model", args.model), ("--data", args.data), ("--allow-pickle", args.allow_pickle), ("--eps", args.eps),
         ("--n", args.n), ("--timeout", args.timeout),
         ("--methods", args.methods), ("--softmax", args.softmax), ("--intermediate", args.intermediate),
-        ("--out", args.out)])
+        ("--out", args.out), ("--device", args.device)])
     rows, commands = [], [command]
     if args.append and (out / "bab.json").exists():
         old = json.loads((out / "bab.json").read_text())
@@ -100,7 +102,8 @@ def run(args) -> int:
 def _runs(args, out, rows, commands, bar):
     for name in args.model:
         model, xte, yte, _ = dataset.load(name, args.data, args.allow_pickle)
-        x, y = xte[: args.n].to(torch.float64), yte[: args.n]
+        model, x, y = devices.on_device(model, xte[: args.n].to(torch.float64), yte[: args.n],
+                                        devices.device_of(args.device))
         for eps in args.eps:
             att = certify.attack(model, x, y, eps)
             row = dict(model=name, eps=eps, n=len(y), timeout=args.timeout, pgd_robust=int((~att.falsified).sum()),

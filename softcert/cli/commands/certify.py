@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from softcert import certify
-from softcert.cli import common, dataset, model_formats
+from softcert.cli import common, dataset, devices, model_formats
 
 DEFAULT_METHODS = ["ibp", "crown", "alpha-crown", "vertex", "lirpa-ibp", "lirpa-crown"]
 
@@ -27,20 +27,22 @@ def configure(parser):
     parser.add_argument("--n", type=int, default=10, help="first n test images")
     parser.add_argument("--out", default="docs/certify")
     dataset.add_arguments(parser, "OUT/store.jsonl")
+    devices.add_argument(parser)
 
 
 def run(args) -> int:
     torch.set_num_threads(1)
     out = Path(args.out)
+    devices.device_of(args.device)  # refused by name before anything loads
     job = dataset.Job(tuple(args.model), tuple(args.eps), tuple(args.methods), args.n, data=args.data,
-                      allow_pickle=args.allow_pickle)
+                      allow_pickle=args.allow_pickle, device=args.device)
     for name in args.model:  # every model and its data load (or fail, by name) before the bar starts
         dataset.load(name, args.data, args.allow_pickle)
     out.mkdir(parents=True, exist_ok=True)
     command = common.command_line(args, "certify", [
         ("--model", args.model), ("--data", args.data), ("--allow-pickle", args.allow_pickle), ("--eps", args.eps),
         ("--methods", args.methods), ("--n", args.n), ("--out", args.out), ("--workers", args.workers), ("--scheduler", args.scheduler),
-        ("--store", args.store), ("--resume", args.resume)])
+        ("--store", args.store), ("--resume", args.resume), ("--device", args.device)])
     # attack -> verify -> cross-check per image; a PGD-contradicted certificate raises SoundnessError
     res = dataset.run(job, Path(args.store) if args.store else out / "store.jsonl", workers=args.workers,
                       scheduler=args.scheduler, resume=args.resume)
