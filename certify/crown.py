@@ -48,7 +48,11 @@ ARITHMETIC = ("Sound float64: bounds enclose the real-arithmetic function of the
               "interval ends moved one ulp outward (nextafter). Relaxation planes and exp/log-type "
               "intervals are the operators' own (certify.ops: certified intercepts and self-charged "
               "steps, libm within their stated ulps); "
-              "Vertex-Softmax assumes exp within 2 ulp (bounds.vertex_softmax). No heuristic widening.")
+              "Vertex-Softmax assumes exp within 2 ulp (bounds.vertex_softmax). No heuristic widening. "
+              "On a GPU the same: IEEE float64 with round to nearest in cuBLAS and in elementwise kernels "
+              "(sums in any order and fused multiply-adds are covered by the same charges); CUDA's float64 "
+              "exp/log are documented at 1 ulp (within the 2 ulp assumed; gpu-check measures them); a "
+              "CUDA run with cuBLAS float64 emulation enabled is refused (certify.spec.check_arithmetic).")
 #: the propagation algorithms: interval bounds only, CROWN, CROWN with Vertex-Softmax intervals
 ALGORITHMS = ("ibp", "crown", "vertex")
 DEFAULT = PropagationOptions()

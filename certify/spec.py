@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -79,12 +80,33 @@ def model_device(model):
     return device
 
 
+#: environment settings under which a device's float64 is not IEEE float64 with round to
+#: nearest: cuBLAS (13.0 update 2 and later) then may emulate DGEMM in fixed point on integer
+#: tensor cores, whose error the γ_n |A||B| charges (certify.crown.ARITHMETIC) do not cover
+EMULATION_SETTINGS = ("CUBLAS_EMULATE_DOUBLE_PRECISION",)
+
+
+def check_arithmetic(device: torch.device) -> None:
+    """ValueError naming the setting when float64 on ``device`` may be emulated (a CUDA
+    device with an ``EMULATION_SETTINGS`` variable set to anything but 0)."""
+    if device.type != "cuda":
+        return
+    for name in EMULATION_SETTINGS:
+        value = os.environ.get(name, "").strip()
+        if value not in ("", "0"):
+            raise ValueError(f"{name}={value}: cuBLAS may emulate float64 matrix products in fixed point, "
+                             "which the sound rounding model (IEEE float64, round to nearest) does not cover; "
+                             f"unset it or set {name}=0 before certifying on {device}")
+
+
 def check_device(model, t, name="x"):
     """``t`` on the model's device (``model_device``); ValueError naming ``name`` otherwise.
-    Certify computes where the model and its inputs are, as torch does, and moves neither."""
+    Certify computes where the model and its inputs are, as torch does, and moves neither.
+    On a CUDA device the float64 arithmetic is checked too (``check_arithmetic``)."""
     device = model_device(model)
     if device is not None and t.device != device:
         raise ValueError(f"{name}: on {t.device} but the model's parameters are on {device}; move both to one device")
+    check_arithmetic(t.device)
 
 
 def check_graph_device(graph, t, name="lower"):
@@ -93,6 +115,7 @@ def check_graph_device(graph, t, name="lower"):
     device = graph.device
     if device is not None and t.device != device:
         raise ValueError(f"{name}: on {t.device} but the graph's constants are on {device}; move both to one device")
+    check_arithmetic(t.device)
 
 
 def check_images(model, x, domain=None):

@@ -198,3 +198,26 @@ def test_the_device_check_names_the_argument():
         check_device(model, fake)
     check_device(model, x)  # same device: nothing to say
     check_device(nn.ReLU(), fake)  # no parameters or buffers: nothing to compare
+
+
+@pytest.mark.parametrize("value, refused", [("1", True), ("0", False), ("", False), (None, False), ("yes", True)])
+def test_cublas_float64_emulation_is_refused_on_cuda_by_name(monkeypatch, value, refused):
+    from softcert.certify.spec import check_arithmetic
+
+    if value is None:
+        monkeypatch.delenv("CUBLAS_EMULATE_DOUBLE_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("CUBLAS_EMULATE_DOUBLE_PRECISION", value)
+    check_arithmetic(torch.device("cpu"))  # the CPU's float64 is not cuBLAS's: never refused
+    if refused:
+        with pytest.raises(ValueError, match=f"CUBLAS_EMULATE_DOUBLE_PRECISION={value}: .*unset it"):
+            check_arithmetic(torch.device("cuda"))
+    else:
+        check_arithmetic(torch.device("cuda"))
+
+
+def test_verify_on_the_cpu_ignores_the_cuda_setting(monkeypatch):
+    monkeypatch.setenv("CUBLAS_EMULATE_DOUBLE_PRECISION", "1")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3)).double()
+    r = certify.verify(model, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([0]), 0.01, method="ibp")
+    assert r.lower_margin.shape[0] == 1
