@@ -57,3 +57,25 @@ def test_the_gpu_only_sections_run_end_to_end_on_the_cpu():
     assert len(where) == 6 and set(where.values()) <= {"cpu", "numpy (host)"}, where
     probe = gpu_check.certify_probe("cpu")
     assert probe["ok"] and probe["device"] == "cpu", probe
+
+
+def test_float64_gemm_check_passes_ieee_and_flags_a_fixed_point_emulation():
+    """On the CPU the device product is the CPU's own: within the bound. A simulated
+    fixed-point GEMM (each row of A kept to 55 bits relative to its largest entry, as cuBLAS's
+    float64 emulation does) must be flagged, or the check could never fail on a GPU."""
+    import torch
+
+    ok = gpu_check.gemm64_check("cpu", n=64)
+    assert ok["violations"] == 0 and ok["max_err_over_bound"] <= 1
+
+    def fixed_point(a, b):
+        scale = 2.0 ** (torch.floor(torch.log2(a.abs().amax(1, keepdim=True))) - 54)
+        return torch.round(a / scale) * scale @ b
+
+    bad = gpu_check.gemm64_check("cpu", n=64, matmul=fixed_point)
+    assert bad["violations"] > 0
+    assert gpu_check.failures({**_MINIMAL, "gemm64": bad})[-1].startswith("gemm64:")
+
+
+_MINIMAL = {"exp32": {"max_ulps": 1.0}, "assumed_exp32_ulps": 2.0, "exp64": {"max_exact_ulps_of_screened": 1.0},
+            "assumed_exp64_ulps": 2, "attention": [], "vertex": {"violations": 0}, "topk": {"violations": 0}}

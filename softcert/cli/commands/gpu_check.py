@@ -16,6 +16,7 @@ small size (the sweep strided, no timings): a test of the script, not a measurem
 from __future__ import annotations
 
 import math
+import os
 import platform
 import time
 from pathlib import Path
@@ -217,6 +218,26 @@ def device_probe(dev: str = "cuda") -> dict:
     }
 
 
+def gemm64_check(dev: str = "cuda", n: int = 256, matmul=None) -> dict:
+    """float64 A @ B on ``dev`` against the CPU's, within the bound both obey if the device's
+    float64 is IEEE with round to nearest: |C_dev - C_cpu| <= 2 γ_n |A||B| (any summation
+    order, FMAs included; certify.crown.ARITHMETIC). Rows mix magnitudes 2^±40, where a
+    fixed-point emulated GEMM (cuBLAS float64 emulation: about 55 bits relative to a row's
+    largest entry) loses the small products' bits and exceeds the bound. ``matmul``: the
+    product to check (default torch's on ``dev``)."""
+    from softcert.kernels.floating import gamma
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g, dtype=torch.float64) * 2.0 ** (torch.rand(n, n, generator=g) * 80 - 40)
+    b = torch.randn(n, n, generator=g, dtype=torch.float64) * 2.0 ** (torch.rand(n, n, generator=g) * 80 - 40)
+    prod = matmul or (lambda x, y: (x.to(dev) @ y.to(dev)).cpu())
+    c = prod(a, b)
+    bound = 2.02 * gamma(n) * (a.abs() @ b.abs())  # 2.02: the CPU's own rounding of |A||B| too
+    ratio = (c - a @ b).abs() / bound
+    return {"n": n, "max_err_over_bound": float(ratio.max()), "violations": int((ratio > 1).sum()),
+            "emulation_setting": os.environ.get("CUBLAS_EMULATE_DOUBLE_PRECISION", "(unset)")}
+
+
 def certify_probe(dev: str = "cuda") -> dict:
     """certify.verify with a zoo model and inputs on the GPU: the answer, or the error."""
     from softcert import certify
@@ -254,6 +275,7 @@ def measure(small: bool) -> dict:
         result["exp32_tl_exp"] = exp32_sweep(False, stride)
         result["timings"] = timings()
         result["devices"] = device_probe()
+        result["gemm64"] = gemm64_check()
         result["certify"] = certify_probe()
     return result
 
@@ -266,8 +288,8 @@ def failures(r: dict) -> list[str]:
     if r["exp64"]["max_exact_ulps_of_screened"] > r["assumed_exp64_ulps"]:
         bad.append(f"float64 exp: {r['exp64']['max_exact_ulps_of_screened']:.3f} ulp > assumed {r['assumed_exp64_ulps']}")
     bad += [f"attention {a['kind']} n={a['n']}: {a['violations']} violations" for a in r["attention"] if a["violations"]]
-    for name in ("vertex", "topk"):
-        if r[name]["violations"]:
+    for name in ("vertex", "topk", "gemm64"):
+        if r.get(name, {}).get("violations"):
             bad.append(f"{name}: {r[name]['violations']} violations")
     return bad
 
@@ -301,6 +323,10 @@ def to_markdown(r: dict, command: str) -> list[str]:
         lines += ["", "| called with CUDA tensors | result on / error |", "|---|---|"]
         lines += [f"| {name} | {where} |" for name, where in r["devices"].items()]
         lines += ["", f"certify.verify on the device: {r['certify']}"]
+        m = r["gemm64"]
+        lines += ["", f"float64 GEMM {m['n']}x{m['n']} (magnitudes 2^±40) against the CPU: max error / 2γ_n|A||B| "
+                      f"{m['max_err_over_bound']:.3g}, {m['violations']} violations "
+                      f"(CUBLAS_EMULATE_DOUBLE_PRECISION {m['emulation_setting']})"]
     return lines
 
 
