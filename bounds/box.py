@@ -49,13 +49,13 @@ def _check_integer_array(t: torch.Tensor, name: str) -> None:
             _require_exact(int(v), name)
 
 
-def as_float64(x, name: str, check_nan: bool = True) -> torch.Tensor:
-    """Convert array-like ``x`` to a float64 tensor on the CPU.
+def as_float64(x, name: str, check_nan: bool = True, device=None) -> torch.Tensor:
+    """Convert array-like ``x`` to a float64 tensor on ``device`` (default: the CPU).
 
     Exact for float32/float16 input; integers (Python ints, integer arrays) must be exactly
     representable in float64, else ValueError: a bound for a rounded input would certify
-    another problem. Tensors on another device are copied to the CPU; a meta tensor (no
-    values) is rejected.
+    another problem. Tensors on another device are copied there; a meta tensor (no values)
+    is rejected.
     """
     if isinstance(x, torch.Tensor):
         if x.device.type == "meta":
@@ -84,7 +84,7 @@ def as_float64(x, name: str, check_nan: bool = True) -> torch.Tensor:
         raise ValueError(f"{name}: boolean arrays are not scores")
     if not t.is_floating_point():
         _check_integer_array(t.cpu(), name)
-    t = t.to(device="cpu", dtype=torch.float64)
+    t = t.to(device="cpu" if device is None else device, dtype=torch.float64)
     if t.dim() == 0:
         raise ValueError(f"{name}: expected at least one dimension (the score axis), got a scalar")
     if check_nan and torch.isnan(t).any():
@@ -105,14 +105,29 @@ def validate_scores(scores, name: str = "scores") -> torch.Tensor:
     return s
 
 
-def score_box(lower, upper, *, allow_masked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a score box ``lower <= s <= upper`` over the last axis.
+def common_device(**arrays) -> torch.device:
+    """The one device of the tensors among ``arrays`` (name -> value; other array-likes follow
+    it), the CPU when there are none; ValueError naming them when they are on two devices."""
+    where = {name: a.device for name, a in arrays.items() if isinstance(a, torch.Tensor)}
+    for name, d in where.items():
+        if d.type == "meta":
+            raise ValueError(f"{name}: a meta tensor carries no values")
+    devices = set(where.values())
+    if len(devices) > 1:
+        said = ", ".join(f"{name} on {d}" for name, d in where.items())
+        raise ValueError(f"{said}: move them to one device (results are computed and returned there)")
+    return devices.pop() if devices else torch.device("cpu")
+
+
+def score_box(lower, upper, *, allow_masked: bool = True, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a score box ``lower <= s <= upper`` over the last axis, on ``device`` (default
+    the CPU).
 
     -inf in ``upper`` marks a masked entry (it then must be -inf in ``lower`` as well and takes
     no mass); -inf in ``lower`` alone means the entry's mass can approach 0. +inf is rejected.
     """
-    lo = as_float64(lower, "lower", check_nan=False)
-    hi = as_float64(upper, "upper", check_nan=False)
+    lo = as_float64(lower, "lower", check_nan=False, device=device)
+    hi = as_float64(upper, "upper", check_nan=False, device=device)
     if lo.shape == hi.shape and lo.numel() and _plainly_valid(lo, hi):
         if allow_masked or bool(lo.min() > float("-inf")):
             return lo, hi
@@ -158,17 +173,19 @@ def _plain_tensors(c, lower, upper) -> bool:
     return plain_box(*(t.reshape(-1).numpy() for t in ts))
 
 
-def coefficient_box(c, lower, upper, *, allow_masked: bool = True):
-    """Validate (c, lower, upper) and broadcast them to one shape (..., n)."""
+def coefficient_box(c, lower, upper, *, allow_masked: bool = True, keep_device: bool = False):
+    """Validate (c, lower, upper) and broadcast them to one shape (..., n): on the CPU, or
+    with ``keep_device`` on the tensors' one device (``common_device``)."""
     if allow_masked and _plain_tensors(c, lower, upper):  # the common case, one pass
         return c.detach(), lower.detach(), upper.detach()
-    cc = as_float64(c, "c", check_nan=False)
+    device = common_device(c=c, lower=lower, upper=upper) if keep_device else None
+    cc = as_float64(c, "c", check_nan=False, device=device)
     # two reductions without a temporary: NaN and ±inf show in the extremes
     if cc.numel() and not (torch.isfinite(cc.amax()) and torch.isfinite(cc.amin())):
         if torch.isnan(cc).any():
             raise ValueError("c: contains NaN")
         raise ValueError("c: contains +-inf (coefficients must be finite)")
-    lo, hi = score_box(lower, upper, allow_masked=allow_masked)
+    lo, hi = score_box(lower, upper, allow_masked=allow_masked, device=device)
     try:
         shape = torch.broadcast_shapes(cc.shape, lo.shape)
     except RuntimeError:

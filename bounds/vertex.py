@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from softcert.bounds.box import coefficient_box
@@ -58,26 +57,30 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
 
     Inputs broadcast like torch. float16/float32/float64 and integer inputs are widened to
     float64 exactly; an integer that float64 cannot hold exactly (|v| > 2^53) raises
-    ValueError naming the argument, as does a meta tensor. Tensors on any device are copied
-    to the CPU: results are CPU float64 tensors. ``backend``: "torch" (vectorised reference),
-    "numba" (``kernels.vertex``, parallel over rows), "triton" (``kernels.triton_vertex``
-    proposes by the Dinkelbach iteration, this module proves; interpreted on a CPU) or
-    "auto" (numba). All certify their bound with the error model of ``kernels.floating``;
+    ValueError naming the argument, as does a meta tensor. Results are float64 tensors on the
+    inputs' device (tensors on two devices: ValueError naming them; lists follow the
+    tensors). ``backend``: "torch" (vectorised reference, on the inputs' device), "numba"
+    (``kernels.vertex``, parallel over rows, on the CPU), "triton" (``kernels.triton_vertex``
+    proposes by the Dinkelbach iteration, this module proves, both on the inputs' device when
+    compiled; interpreted on a CPU) or "auto" (triton for CUDA inputs where installed, else numba). All certify their bound with the error model of ``kernels.floating``;
     they agree to within its rounding margin (tests/test_kernels_vertex.py,
     tests/test_triton_backends.py).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    c, lo, hi = coefficient_box(c, lower, upper)
+    c, lo, hi = coefficient_box(c, lower, upper, keep_device=True)
     n = c.shape[-1]
     c2, lo2, hi2 = (t.reshape(-1, n) for t in (c, lo, hi))
-    if backend in ("numba", "auto"):  # the kernel scales each row itself (same _normalise)
+    if backend == "auto":
+        backend = _auto_backend(c.device)
+    if backend == "numba":  # the kernel scales each row itself (same _normalise)
         from softcert.kernels.vertex import vertex_bounds
 
-        vertices = (torch.empty_like(c2), torch.empty_like(c2))  # filled by the kernel
-        low, up, _, _ = vertex_bounds(c2.numpy(), lo2.numpy(), hi2.numpy(),
-                                      vertices_out=tuple(v.numpy() for v in vertices))
-        return _result(torch.from_numpy(low), torch.from_numpy(up), *vertices, c.shape)
+        cpu = [t.cpu() for t in (c2, lo2, hi2)]
+        vertices = (torch.empty_like(cpu[0]), torch.empty_like(cpu[0]))  # filled by the kernel
+        low, up, _, _ = vertex_bounds(*(t.numpy() for t in cpu), vertices_out=tuple(v.numpy() for v in vertices))
+        out = (torch.from_numpy(low), torch.from_numpy(up), *vertices)
+        return _result(*(t.to(c.device) for t in out), c.shape)
     c2, k = _normalise(c2, hi2)
     if backend == "triton":
         from softcert.kernels.triton_vertex import dinkelbach_triton
@@ -92,6 +95,18 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     return _result(low, up, torch.where(lo_mask, hi2, lo2), torch.where(up_mask, hi2, lo2), c.shape)
 
 
+def _auto_backend(device: torch.device) -> str:
+    """Where the data is: the Triton kernel on CUDA tensors (when triton is installed: the
+    optional ``triton`` extra), Numba on the CPU."""
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "numba"
+        return "triton"
+    return "numba"
+
+
 def _result(low, up, lower_vertex, upper_vertex, shape) -> VertexBounds:
     """Rows (R,) and (R, n) back to the caller's batch shape."""
     return VertexBounds(lower=low.reshape(shape[:-1]), upper=up.reshape(shape[:-1]),
@@ -103,28 +118,38 @@ def _normalise(c: torch.Tensor, hi: torch.Tensor):
 
     Multiplying by a power of two upwards is exact, and c·softmax scales with c, so the
     problem is the same; it keeps the products c·w and (c - λ)·w out of the subnormal
-    range, where the relative error model would not hold.
+    range, where the relative error model would not hold. Returns (c, None) when no row
+    needs it, else (scaled c, k (R,) int64); computed on c's device.
     """
     scale = torch.where(torch.isneginf(hi), torch.zeros_like(c), c.abs()).amax(-1)
-    _, e = np.frexp(scale.numpy())  # scale = m 2^e, m in [0.5, 1)
-    k = np.where(scale.numpy() > 0, np.maximum(1 - e, 0), 0).astype(np.int64)
-    if not k.any():
+    _, e = torch.frexp(scale)  # scale = m 2^e, m in [0.5, 1)
+    k = torch.where(scale > 0, (1 - e.to(torch.int64)).clamp(min=0), torch.zeros_like(e, dtype=torch.int64))
+    if not bool(k.any()):
         return c, None
-    return torch.from_numpy(np.ldexp(c.numpy(), k[:, None])), k
+    return _times_power_of_two(c, k[:, None]), k
+
+
+def _times_power_of_two(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """x · 2^k (|k| <= 2046) as two products by exact powers of two (each half |k_i| <= 1023,
+    so 2^k_i is a float64; torch.ldexp forms 2^k itself, which overflows beyond 1023): exact
+    when the result and the first product are normal."""
+    k1 = torch.div(k, 2, rounding_mode="trunc")
+    two = torch.full_like(x, 2.0)
+    return x * torch.pow(two, k1.to(x.dtype)) * torch.pow(two, (k - k1).to(x.dtype))
 
 
 def _denormalise(bound: torch.Tensor, k, direction: float) -> torch.Tensor:
     """bound · 2^-k, rounded outward (``direction`` +1 up, -1 down) when it lands below the
-    normal range and loses bits: one step only if round-to-nearest went inward (so at most
-    one spacing 2^-1074 from the scaled bound)."""
+    normal range and loses bits: one step when the rounding went inward. |bound| < 4 and
+    k <= 1074 here, so the first product of ``_times_power_of_two`` (by 2^-k/2) stays normal
+    and exact; only the second rounds, to within half a spacing, and one step outward
+    encloses the exact value."""
     if k is None:
         return bound
-    b = bound.numpy()
-    out = np.ldexp(b, -k)
-    back = np.ldexp(out, k)  # scaling back up is exact: compare to see where the rounding went
-    inward = back < b if direction > 0 else back > b
-    out = np.where(inward, np.nextafter(out, direction * np.inf), out)
-    return torch.from_numpy(out)
+    out = _times_power_of_two(bound, -k)
+    back = _times_power_of_two(out, k)  # scaling back up is exact: compare to see where the rounding went
+    inward = back < bound if direction > 0 else back > bound
+    return torch.where(inward, torch.nextafter(out, torch.full_like(out, direction * float("inf"))), out)
 
 
 def _prove_proposal(c, lo, hi, value, theta, robust, tries: int = 2):
@@ -183,7 +208,7 @@ def threshold_sweep(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torc
     us, ls = us - shift, ls - shift
     log_pos = cs.clamp(min=0).log()
     log_neg = (-cs).clamp(min=0).log()
-    ninf = torch.full((B, 1), float("-inf"), dtype=c.dtype)
+    ninf = torch.full((B, 1), float("-inf"), dtype=c.dtype, device=c.device)
 
     def candidates(log_up, log_low):
         # log Σ_{i<t} e^{log_up_i} + Σ_{i>=t} e^{log_low_i}, for t = 0..n
@@ -197,7 +222,7 @@ def threshold_sweep(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torc
     ).exp()
     value = torch.where(torch.isfinite(log_d), value, torch.full_like(value, float("-inf")))
     best = value.argmax(dim=-1, keepdim=True)
-    sorted_mask = torch.arange(n).expand(B, n) < best
+    sorted_mask = torch.arange(n, device=c.device).expand(B, n) < best
     return torch.zeros_like(sorted_mask).scatter(-1, order, sorted_mask)
 
 

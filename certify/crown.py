@@ -272,8 +272,8 @@ def vertex_pv_term(state, pv, A):
     else:
         d = vl.shape[-1]
         c = _no_info(sub_down(c, gamma_charge(A.abs() @ magnitude(vl, vu).transpose(-1, -2), d + 1)))
-    # bounds.vertex_softmax solves on the CPU (its kernels are numba's): the rows come back here
-    low = vertex_softmax(c, yl.expand_as(c), yu.expand_as(c)).lower.to(c.device)
+    # bounds.vertex_softmax solves where c is (Triton on CUDA, Numba on the CPU)
+    low = vertex_softmax(c, yl.expand_as(c), yu.expand_as(c)).lower
     s = ops.sum_rest(low)
     if not sound:
         return s
@@ -499,12 +499,12 @@ def _vertex_interval(state, att, i):
         n = yl.shape[-1]
         c = torch.eye(n, dtype=yl.dtype, device=yl.device)  # row i picks p_i: exact elementwise interval
         r = vertex_softmax(c, yl.unsqueeze(-2), yu.unsqueeze(-2))
-        return r.lower.to(yl.device), r.upper.to(yl.device)  # solved on the CPU (see vertex_pv_term)
+        return r.lower, r.upper  # on yl's device (bounds.vertex_softmax follows its inputs)
     vl, vu = state.bounds[att.values]
     # o_id in [min_s Σ_k p_k vl_kd, max_s Σ_k p_k vu_kd], rows (i, d) over keys k
     lo = vertex_softmax(vl.transpose(-1, -2).unsqueeze(-3), yl.unsqueeze(-2), yu.unsqueeze(-2)).lower
     hi = vertex_softmax(vu.transpose(-1, -2).unsqueeze(-3), yl.unsqueeze(-2), yu.unsqueeze(-2)).upper
-    return lo.to(yl.device), hi.to(yl.device)
+    return lo, hi
 
 
 def ibp_lower(state, C):

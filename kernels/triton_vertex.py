@@ -68,14 +68,15 @@ def _dinkelbach_kernel(c_ptr, lo_ptr, hi_ptr, lam_ptr, theta_ptr, passes_ptr, ro
 
 
 def dinkelbach_triton(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """Proposals for (R, n) float64 rows: (λ (R, 2), θ (R, 2), passes (R, 2), robust (R,)).
+    """Proposals for (R, n) float64 rows: (λ (R, 2), θ (R, 2), passes (R, 2), robust (R,)),
+    on the rows' device.
 
     Column 0 is the max of c·softmax, column 1 the max of (-c)·softmax; the proposed vertex
     puts {i : ±c_i > θ} at the upper bound. ``robust`` rows have weights below the fast
     path's range and must be solved by the caller's sweep.
     """
     rows, n = c.shape
-    device = kernel_device()
+    device, home = kernel_device(), c.device
     c, lo, hi = (x.to(device=device, dtype=torch.float64).contiguous() for x in (c, lo, hi))
     lam = torch.empty((rows, 2), dtype=torch.float64, device=device)
     theta = torch.empty((rows, 2), dtype=torch.float64, device=device)
@@ -83,4 +84,4 @@ def dinkelbach_triton(c: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
     robust = torch.empty(rows, dtype=torch.int32, device=device)
     _dinkelbach_kernel[(rows,)](c, lo, hi, lam, theta, passes, robust, n, MAX_PASSES,
                                 FAST_PATH_MIN_WEIGHT, N_P=triton.next_power_of_2(n), LIBDEVICE=libdevice_exp())
-    return lam.cpu(), theta.cpu(), passes.cpu(), robust.cpu() > 0
+    return lam.to(home), theta.to(home), passes.to(home), robust.to(home) > 0  # back where the rows came from

@@ -433,3 +433,40 @@ def test_scores_1e290_apart_stay_tight(backend):
     res = bounds.vertex_softmax(c, lo, hi, backend=backend)
     worst, best = brute_force_extrema(np.array(c), np.array(lo), np.array(hi), dps=60)
     _assert_sound_tight(res, worst, best, np.array(c))
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["triton", "auto"])
+def test_every_backend_computes_where_its_inputs_are(backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    """Inside ``with torch.device("meta")`` a tensor made without an explicit device has no
+    values and cannot mix with CPU tensors: a run on CPU inputs there fails wherever the
+    bound creates a tensor that does not follow its inputs (what would break on a GPU), tiny
+    coefficients (the power-of-two scaling) included; outside it, the same numbers."""
+    g = torch.Generator().manual_seed(3)
+    c = torch.randn(6, 5, generator=g, dtype=torch.float64) * torch.tensor([[1.0], [1e-300], [1.0], [1e-200], [1.0], [1.0]])
+    lo = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    hi = lo + torch.rand(6, 5, generator=g, dtype=torch.float64)
+    lo[0, 1] = hi[0, 1] = float("-inf")
+    plain = bounds.vertex_softmax(c, lo, hi, backend=backend)
+    with torch.device("meta"):
+        here = bounds.vertex_softmax(c, lo, hi, backend=backend)
+    for a, b in ((here.lower, plain.lower), (here.upper, plain.upper), (here.upper_vertex, plain.upper_vertex)):
+        assert a.device.type == "cpu" and torch.equal(a, b)  # the same code on the same inputs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", BACKENDS + ["triton", "auto"])
+def test_cuda_inputs_give_cuda_results_within_the_margin_of_the_cpu(backend):
+    from test_kernels_vertex import margin
+
+    g = torch.Generator().manual_seed(4)
+    c, lo = (torch.randn(64, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    hi = lo + 1
+    cpu = bounds.vertex_softmax(c, lo, hi, backend="torch")
+    gpu = bounds.vertex_softmax(c.cuda(), lo.cuda(), hi.cuda(), backend=backend)
+    assert gpu.lower.device.type == "cuda" and gpu.upper_vertex.device.type == "cuda"
+    tol = margin(c, lo, hi)
+    assert ((gpu.upper.cpu() - cpu.upper).abs() <= tol).all() and ((gpu.lower.cpu() - cpu.lower).abs() <= tol).all()
+    with pytest.raises(ValueError, match="move them to one device"):
+        bounds.vertex_softmax(c.cuda(), lo, hi, backend=backend)
