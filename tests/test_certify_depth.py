@@ -322,3 +322,12 @@ def test_depth_subprocess_reports_results_and_timeouts(tmp_path):
     assert "timeout" in md and "out of memory" in md and "softcert depth --test" in md
     assert (tmp_path / "depth.png").exists()
     json.dumps(rows)
+
+
+def test_certifiably_trained_zoo_models_have_their_recipes_blocks():
+    from softcert.cli.commands import depth
+
+    assert depth.blocks_of("mnist-vit2-ct") == depth.blocks_of("mnist-vit2") == 2
+    assert depth.blocks_of("mnist-vit1-ct") == 1
+    with pytest.raises(ValueError, match="unknown zoo model 'mnist-vit3-ct'.*mnist-vit1-ct"):
+        depth.blocks_of("mnist-vit3-ct")

@@ -65,6 +65,17 @@ def _bounds(model, method, x, y, eps):
         return crown.backward(state, graph.output, C)
 
 
+def blocks_of(model: str) -> int:
+    """Blocks of a zoo model: a natural recipe's, or a certifiably trained one's (its recipe's
+    architecture, certify.train.CERTIFIED); ValueError naming an unknown one."""
+    from softcert.certify.train import CERTIFIED, RECIPES
+
+    recipe = CERTIFIED[model][0] if model in CERTIFIED else model
+    if recipe not in RECIPES:
+        raise ValueError(f"models: unknown zoo model {model!r} (choose from {', '.join([*RECIPES, *CERTIFIED])})")
+    return RECIPES[recipe][1]["depth"]
+
+
 def measure(cfg) -> dict:
     """Run one configuration in this process (called in a fresh subprocess): ``cfg`` has
     model, method, n, eps, batch (0: one image per call), memory_gb."""
@@ -145,12 +156,9 @@ def run(args) -> int:
                                                   ("--timeout", args.timeout), ("--memory-gb", args.memory_gb),
                                                   ("--compare-max-blocks", args.compare_max_blocks),
                                                   ("--batch", args.batch), ("--out", args.out)])
-    from softcert.certify.train import RECIPES
-
     for m in args.models:
-        if m not in RECIPES:
-            raise ValueError(f"models: unknown zoo model {m!r}")
-    deep = lambda m: RECIPES[m][1]["depth"] > args.compare_max_blocks  # noqa: E731
+        blocks_of(m)  # an unknown name fails here, before any job
+    deep = lambda m: blocks_of(m) > args.compare_max_blocks  # noqa: E731
     n_deep = args.n if args.n_deep is None else args.n_deep
 
     def job(m, meth, batch=0):
@@ -168,7 +176,7 @@ def run(args) -> int:
     rows = []
     for spec in common.progress(jobs, desc="depth"):
         r = _spawn(spec, args.timeout)
-        r["blocks"] = RECIPES[r["model"]][1]["depth"]
+        r["blocks"] = blocks_of(r["model"])
         rows.append(r)
         print(_line(r), flush=True)
         common.write_json(out / "depth.json", {"command": command, "rows": rows})
