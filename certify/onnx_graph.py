@@ -20,11 +20,14 @@ piecewise constant; integers then only move (``_MOVES_INTEGERS``) or are cast ag
 Comparisons (Greater, Less, ..., Equal) of perturbed values are 0/1 steps of their difference
 (``_compare``), read by Where (``_where``: the bilinear product), Cast, Not, And, Or and the
 moves; bool values are made only by ``_MAKES_BOOLS``, never by arithmetic.
-Batch: the model is read at batch 1 (a symbolic first axis counts as 1). The first graph
-input that is not an initializer is the perturbed input; the first graph output is the output.
+Batch: the model is read at batch 1 (a symbolic first axis counts as 1). By default every graph
+input that is not an initializer is perturbed (one: the graph's input itself; several: slices of
+one flat input) and the first graph output is the output; ``read_onnx`` binds several outputs
+and hidden values (internal node outputs) as one flat output, their concatenation.
 """
 from __future__ import annotations
 
+import copy
 import gzip
 import math
 import os
@@ -44,15 +47,30 @@ from softcert.certify.lowering import F64, Builder, const
 class OnnxNetwork:
     """An ONNX model lowered to the verifier's graph. ``input_shape``/``output_shape``: the
     model's own shapes at batch 1 (the graph's node 0 has ``input_shape``); VNN-LIB's X_i / Y_j
-    are their row-major flattenings. ``model``: the (shape-inferred) ONNX model itself."""
+    are their row-major flattenings. ``model``: the (shape-inferred) ONNX model itself
+    (``with_outputs`` gives it with the hidden values as graph outputs).
+
+    ``inputs`` / ``outputs``: ((ONNX name, shape), ...) of the values bound to X and Y, in
+    order. With one of each (and no hidden value) the graph is the model's own; otherwise
+    node 0 is the flat concatenation X (``input_shape`` = (n,), ``input_name`` None), cut
+    into the model's inputs by exact reshapes, and the graph's output is the flat
+    concatenation Y of the outputs and then the hidden values (``output_shape`` = (m,),
+    ``output_name`` None)."""
 
     graph: Graph = field(repr=False)
-    input_name: str
+    input_name: str | None
     input_shape: tuple
-    output_name: str
+    output_name: str | None
     output_shape: tuple
     opset: int
     model: onnx.ModelProto = field(repr=False, compare=False, default=None)
+    inputs: tuple = ()
+    outputs: tuple = ()
+    #: the names of the hidden values among ``outputs`` (its last entries)
+    hidden: tuple = ()
+    #: the ONNX models in the graph (``Part``; several for a product graph, ``read_product``);
+    #: ``model``, ``inputs``, ``outputs`` and ``hidden`` are the first one's
+    parts: tuple = ()
 
     @property
     def n_inputs(self) -> int:
@@ -112,60 +130,216 @@ def _dims(type_proto, what, batch_axis=True) -> tuple:
     return tuple(out)
 
 
-def read_onnx(path_or_model) -> OnnxNetwork:
+def read_onnx(path_or_model, *, inputs=None, outputs=None, hidden=(), positions=None) -> OnnxNetwork:
     """Load an ONNX model (path, ``.onnx.gz`` path or ``onnx.ModelProto``) and lower it.
 
-    Raises ValueError naming the file, the ONNX op type and node of the first operation that
-    is unsupported, malformed (shapes that do not fit, an output no node produces) or that
-    the verifier cannot model (random draws, training mode, precision-losing casts)."""
-    model = _load(path_or_model)
-    src = "ONNX model" if isinstance(path_or_model, onnx.ModelProto) else os.fspath(path_or_model)
+    ``inputs``: the graph inputs bound to X, by name (a sequence) or by order (None or an
+    int: all of them, in the graph's order; every non-initializer input must be bound).
+    ``outputs``: the graph outputs bound to Y, by name, or by order (an int k: the first k;
+    None: the first). ``hidden``: names of internal values (node outputs) appended to Y.
+    ``positions``: per bound input, the flat indices of X its elements are read from
+    (row-major; default: consecutive). Raises ValueError naming the file, the ONNX op type
+    and node of the first operation that is unsupported, malformed (shapes that do not fit,
+    an output no node produces) or that the verifier cannot model (random draws, training
+    mode, precision-losing casts)."""
+    return read_product([dict(model=path_or_model, inputs=inputs, outputs=outputs, hidden=hidden,
+                              positions=positions)])
+
+
+def read_product(parts, n_inputs=None) -> OnnxNetwork:
+    """Several ONNX models as one graph (a product graph, e.g. for VNN-LIB queries that
+    declare several networks): every model's inputs are read from one flat X (each part's
+    ``positions``, default consecutive after the previous part's; ``n_inputs``: the size of X,
+    default the total), its Y is the parts' outputs and hidden values in order. ``parts``:
+    dicts with ``model`` and the keywords of ``read_onnx``."""
+    specs = []
+    for part in parts:
+        model = _load(part["model"])
+        src = "ONNX model" if isinstance(part["model"], onnx.ModelProto) else os.fspath(part["model"])
+        outputs = part.get("outputs")
+        specs.append((src, model, part.get("inputs"), 1 if outputs is None else outputs, tuple(part.get("hidden", ())),
+                      part.get("positions")))
+    if not specs:
+        raise ValueError("parts: no ONNX model")
     try:
-        return _read(model)
+        return _read(specs, n_inputs)
     except ValueError as exc:
-        raise ValueError(f"{src}: {exc}") from exc
+        raise ValueError(f"{specs[0][0]}: {exc}" if len(specs) == 1 else str(exc)) from exc
     except Exception as exc:  # a malformed file can break onnx itself in many ways
-        raise ValueError(f"{src}: malformed ONNX model ({type(exc).__name__}: {exc})") from exc
+        raise ValueError(f"{specs[0][0] if len(specs) == 1 else 'ONNX models'}: malformed ONNX model "
+                         f"({type(exc).__name__}: {exc})") from exc
 
 
-def _read(model) -> OnnxNetwork:
+@dataclass(frozen=True)
+class Part:
+    """One ONNX model inside a graph: ``inputs`` ((name, shape, positions), ...) with the
+    flat indices of X each input's elements are read from; ``outputs`` ((name, shape), ...)
+    in the order their flattenings follow each other in Y, the ``hidden`` values last."""
+
+    model: onnx.ModelProto = field(repr=False, compare=False)
+    inputs: tuple
+    outputs: tuple
+    hidden: tuple = ()
+
+
+def _bind(values, chosen, what, every=False) -> list:
+    """The value infos of ``values`` named by ``chosen`` (names in order, or an int k: the
+    first k); ``every``: all of ``values`` must be bound."""
+    names = [v.name for v in values]
+    if chosen is None:
+        chosen = len(values)
+    if isinstance(chosen, int):
+        if chosen < 1 or chosen > len(values) or (every and chosen != len(values)):
+            raise ValueError(f"model: the property binds {chosen} {what}(s) by order, the model has {len(values)} "
+                             f"{names}")
+        return list(values[:chosen])
+    chosen = list(chosen)
+    missing = [n for n in chosen if n not in names]
+    if missing or len(set(chosen)) != len(chosen) or not chosen:
+        raise ValueError(f"model: the property binds {what}s {chosen}, the model's are {names}")
+    if every and sorted(chosen) != sorted(names):
+        raise ValueError(f"model: the property binds {what}s {chosen}, every one of {names} needs a value")
+    return [values[names.index(n)] for n in chosen]
+
+
+def _prepared(src, model, inputs, outputs, hidden, positions):
+    """(shape-inferred model, opset, initializers, bound inputs, their shapes, bound outputs)."""
     try:
         model = shape_inference.infer_shapes(model)
     except Exception as exc:  # onnx raises InferenceError and others
         raise ValueError(f"ONNX shape inference failed ({exc})") from exc
-    opset = _opset(model)
     g = model.graph
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    inputs = [i for i in g.input if i.name not in inits]
-    if len(inputs) != 1:
-        raise ValueError(f"model: expected one (non-initializer) input, got {[i.name for i in inputs]}")
     if not g.output:
         raise ValueError("model: the ONNX graph has no output")
-    inp = inputs[0]
-    in_shape = _dims(inp.type, f"input {inp.name!r}")
-    lw = _Lowering(opset, _elem_types(g))
+    ins = _bind([i for i in g.input if i.name not in inits], inputs, "input", every=True)
+    shapes = [_dims(i.type, f"input {i.name!r}") for i in ins]
+    return model, _opset(model), inits, ins, shapes, _bind(list(g.output), outputs, "output")
+
+
+def _read(specs, n_inputs=None) -> OnnxNetwork:
+    prepared = []
+    for spec in specs:
+        try:
+            prepared.append(_prepared(*spec))
+        except ValueError as exc:
+            raise ValueError(f"{spec[0]}: {exc}" if len(specs) > 1 else str(exc)) from exc
+    b = Builder()
+    (_, _, _, _, hidden, positions), (model, opset, inits, ins, in_shapes, outs) = specs[0], prepared[0]
+    if len(specs) == 1 and len(ins) == 1 and len(outs) == 1 and not hidden and positions is None:
+        return _read_single(b, model, opset, inits, ins[0], in_shapes[0], outs[0])
+    sizes = [sum(math.prod(s) for s in p[4]) for p in prepared]
+    x = b.input((n_inputs if n_inputs is not None else sum(sizes),), "X")
+    parts, pieces, start = [], [], 0
+    for spec, prep, size in zip(specs, prepared, sizes):
+        try:
+            part, values = _lower_part(b, x, spec, prep, start)
+        except ValueError as exc:
+            raise ValueError(f"{spec[0]}: {exc}" if len(specs) > 1 else str(exc)) from exc
+        parts.append(part)
+        pieces += [(v, name) for v, (name, _) in zip(values, part.outputs)]
+        start += size
+    flat = b.cat([b.reshape(_v(v), (math.prod(b.shape(_v(v))),), f"Y:{n}") for v, n in pieces], 0, "Y")
+    if not isinstance(flat, int):
+        raise ValueError(f"model: the outputs {[n for _, n in pieces]} do not depend on the inputs")
+    graph = b.finish(flat)
+    p0 = parts[0]
+    return OnnxNetwork(graph, None, (graph.nodes[0].shape[0],), None, graph.nodes[graph.output].shape, opset, p0.model,
+                       tuple((n, s) for n, s, _ in p0.inputs), p0.outputs, p0.hidden, tuple(parts))
+
+
+def _read_single(b, model, opset, inits, inp, in_shape, out):
+    """One input, one output: the graph's input node is the model's input itself."""
+    lw = _Lowering(opset, _elem_types(model.graph), b)
     lw.check_float(inp.name, f"input {inp.name!r}")
-    env: dict = dict(inits)
-    env[inp.name] = lw.b.input(in_shape, inp.name)
-    for k, node in enumerate(g.node):
+    env = dict(inits)
+    env[inp.name] = b.input(in_shape, inp.name)
+    for k, node in enumerate(model.graph.node):
         lw.lower(node, k, env)
-    out_name = g.output[0].name
-    if out_name not in env:
-        raise ValueError(f"model: output {out_name!r} is produced by no node (and is no input or initializer)")
-    out = env[out_name]
+    value = _output_value(env, out.name, False)
+    if not isinstance(value, int):
+        raise ValueError(f"model: output {out.name!r} does not depend on the input {inp.name!r}")
+    graph = b.finish(value)
+    out_shape = graph.nodes[graph.output].shape
+    _check_declared(out, out_shape)
+    part = Part(model, ((inp.name, in_shape, tuple(range(math.prod(in_shape)))),), ((out.name, out_shape),))
+    return OnnxNetwork(graph, inp.name, in_shape, out.name, out_shape, opset, model, ((inp.name, in_shape),),
+                       ((out.name, out_shape),), (), (part,))
+
+
+def _lower_part(b, x, spec, prepared, start):
+    """Lower one model into ``b``, its inputs read from the flat input node ``x`` (at
+    ``positions``, default consecutive from ``start``). Returns (Part, output values)."""
+    _, _, _, _, hidden, positions = spec
+    model, opset, inits, ins, in_shapes, outs = prepared
+    lw = _Lowering(opset, _elem_types(model.graph), b)
+    env = dict(inits)
+    if positions is None:
+        bounds = np.cumsum([start] + [math.prod(s) for s in in_shapes])
+        positions = [range(int(a), int(c)) for a, c in zip(bounds[:-1], bounds[1:])]
+    if len(positions) != len(ins):
+        raise ValueError(f"positions: {len(positions)} index lists for {len(ins)} inputs")
+    bound_ins = []
+    for i, shape, pos in zip(ins, in_shapes, positions):
+        lw.check_float(i.name, f"input {i.name!r}")
+        pos = tuple(int(p) for p in pos)
+        if len(pos) != math.prod(shape) or any(not 0 <= p < b.shape(x)[0] for p in pos):
+            raise ValueError(f"positions: input {i.name!r} {list(shape)} needs {math.prod(shape)} indices of X "
+                             f"(of {b.shape(x)[0]}), got {len(pos)}")
+        idx = torch.tensor(pos, dtype=torch.int64)
+        env[i.name] = b.rearrange(x, lambda t, idx=idx, shape=shape: t[idx].reshape(shape), i.name)
+        bound_ins.append((i.name, shape, pos))
+    for k, node in enumerate(model.graph.node):
+        lw.lower(node, k, env)
+    names = [o.name for o in outs] + list(hidden)
+    values = [_output_value(env, n, k >= len(outs)) for k, n in enumerate(names)]
+    shapes = [lw.shape(_v(v)) for v in values]
+    for o, shape in zip(outs, shapes):
+        _check_declared(o, shape)
+    with_outputs(model, hidden)  # every hidden value is typed (onnxruntime can return it)
+    return Part(model, tuple(bound_ins), tuple(zip(names, shapes)), tuple(hidden)), values
+
+
+def _output_value(env, name, is_hidden):
+    """The lowered value of an output or hidden value ``name`` (a node id or a constant)."""
+    what = "hidden value" if is_hidden else "output"
+    if name not in env:
+        raise ValueError(f"model: {what} {name!r} is produced by no node (and is no input or initializer)")
+    out = env[name]
     if isinstance(out, _Erf):
         raise ValueError(f"unsupported ONNX operator Erf (only inside the GELU pattern "
-                         f"x · 0.5 · (1 + erf(x / √2))) before output {out_name!r}")
-    if not isinstance(out, int):
-        raise ValueError(f"model: output {out_name!r} does not depend on the input {inp.name!r}")
-    graph = lw.b.finish(out)
-    out_shape = graph.nodes[graph.output].shape
-    declared = g.output[0].type
+                         f"x · 0.5 · (1 + erf(x / √2))) before {what} {name!r}")
+    if out is None:
+        raise ValueError(f"model: {what} {name!r} has no value")
+    return out
+
+
+def _check_declared(out, shape):
+    declared = out.type
     if declared.tensor_type.HasField("shape") and len(declared.tensor_type.shape.dim):
-        want = _dims(declared, f"output {out_name!r}")
-        if want != out_shape:
-            raise ValueError(f"model: output {out_name!r} lowered to shape {out_shape}, the model declares {want}")
-    return OnnxNetwork(graph, inp.name, in_shape, out_name, out_shape, opset, model)
+        want = _dims(declared, f"output {out.name!r}")
+        if want != tuple(shape):
+            raise ValueError(f"model: output {out.name!r} lowered to shape {tuple(shape)}, the model declares {want}")
+
+
+def with_outputs(model, hidden):
+    """The model with the ``hidden`` values (names of internal values) as extra graph
+    outputs, typed and shaped by shape inference, so that onnxruntime returns them."""
+    if not hidden:
+        return model
+    g = model.graph
+    if not set(hidden) <= {v.name for v in (*g.value_info, *g.input, *g.output)}:
+        model = shape_inference.infer_shapes(model)  # a model not inferred yet
+    model = copy.deepcopy(model)
+    g = model.graph
+    known = {v.name: v for v in (*g.value_info, *g.input, *g.output)}
+    for name in hidden:
+        if name in {o.name for o in g.output}:
+            continue
+        if name not in known or not known[name].type.tensor_type.elem_type:
+            raise ValueError(f"model: hidden value {name!r} has no type from shape inference")
+        g.output.append(copy.deepcopy(known[name]))
+    return model
 
 
 def _elem_types(g) -> dict:
@@ -212,9 +386,9 @@ def _type_name(t) -> str:
 
 
 class _Lowering:
-    def __init__(self, opset, types=None):
+    def __init__(self, opset, types=None, builder=None):
         self.opset = opset
-        self.b = Builder()
+        self.b = builder if builder is not None else Builder()
         self.types = dict(types or {})  # value name -> ONNX element type
         self.node = None  # the node being lowered (Cast reads its input's type)
 

@@ -24,7 +24,9 @@ Interface"; the command line itself is ``softcert vnnlib``, softcert/cli/command
 Values are Python's shortest round-trip repr of the float64 that holds the value exactly (the
 counterexample's x is a value of the model's input dtype, y the model's own output), so
 ``float(line)`` gives back the very value. VNN-LIB 1.0 files (``declare-const X_0 Real``)
-have scalars: ``X_0 Real []``. ``parse_assignment`` reads the format back.
+have scalars: ``X_0 Real []``. Several inputs, outputs and hidden tensors: each its own line
+and values, cut from the concatenated x and y by ``offsets``. ``parse_assignment`` reads the
+format back.
 """
 from __future__ import annotations
 
@@ -118,40 +120,73 @@ def is_real(etype: str) -> bool:
     return etype.lower() == "real"
 
 
-def _values(variables, x, y) -> list:
-    """(variable, flat float64 array) per variable, in declaration order."""
-    x, y = np.asarray(x, dtype=np.float64).reshape(-1), np.asarray(y, dtype=np.float64).reshape(-1)
-    out = []
-    for v in variables:
-        src = {"X": x, "Y": y}.get(v.role)
-        if src is None:
-            raise ValueError(f"assignment: no value for the hidden variable {v.name} (hidden nodes are not read)")
-        if v.index is not None:
-            vals = src[v.index:v.index + 1]
-        else:
-            vals = src
-        if vals.size != math.prod(v.shape):
-            raise ValueError(f"assignment: {v.name} {list(v.shape)} needs {math.prod(v.shape)} values, "
-                             f"the counterexample has {vals.size}")
-        out.append((v, vals))
+def offsets(variables) -> dict:
+    """name -> (vector, offset) of each variable's elements: "X" for inputs, "Y" for outputs
+    and hidden tensors. The layout of ``certify.vnnlib`` (and of the graph the ONNX reader
+    builds): per network in order, its inputs appended to X in order, its outputs and then its
+    hidden tensors appended to Y in order. 1.0 scalars sit at their own index."""
+    out, nx, ny = {}, 0, 0
+    for net in dict.fromkeys(v.network for v in variables):
+        group = [v for v in variables if v.network == net]
+        for role in ("X", "Y", "H"):
+            for v in (v for v in group if v.role == role):
+                if v.index is not None:
+                    out[v.name] = (v.role, v.index)
+                elif role == "X":
+                    out[v.name], nx = ("X", nx), nx + math.prod(v.shape)
+                else:
+                    out[v.name], ny = ("Y", ny), ny + math.prod(v.shape)
     return out
+
+
+def _values(variables, x, y, positions=None) -> list:
+    """(variable, flat float64 array) per variable, in declaration order; x and y are the
+    concatenated inputs and outputs (``offsets``), or ``positions`` gives each variable's
+    (vector, indices) (inputs equated across networks share positions)."""
+    x, y = np.asarray(x, dtype=np.float64).reshape(-1), np.asarray(y, dtype=np.float64).reshape(-1)
+    if positions is not None:
+        return [(v, _picked(v, x if positions[v.name][0] == "X" else y, positions[v.name][1])) for v in variables]
+    where, out, used = offsets(variables), [], {"X": 0, "Y": 0}
+    for v in variables:
+        vec, at = where[v.name]
+        n = math.prod(v.shape)
+        src = x if vec == "X" else y
+        vals = src[at:at + n]
+        if vals.size != n:
+            raise ValueError(f"assignment: {v.name} {list(v.shape)} needs {n} values, the counterexample has "
+                             f"{max(src.size - at, 0)}")
+        used[vec] = max(used[vec], at + n)
+        out.append((v, vals))
+    for vec, src in (("X", x), ("Y", y)):
+        if any(v.index is None for v in variables) and used[vec] != src.size:
+            raise ValueError(f"assignment: the {'inputs' if vec == 'X' else 'outputs'} need {used[vec]} values, "
+                             f"the counterexample has {src.size}")
+    return out
+
+
+def _picked(v, src, indices):
+    idx = np.asarray(indices, dtype=np.int64)
+    if idx.size != math.prod(v.shape) or (idx.size and (idx.min() < 0 or idx.max() >= src.size)):
+        raise ValueError(f"assignment: {v.name} {list(v.shape)} needs {math.prod(v.shape)} values at positions "
+                         f"within the counterexample's {src.size}")
+    return src[idx]
 
 
 def _dims(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def assignment_text(variables, x, y) -> str:
+def assignment_text(variables, x, y, positions=None) -> str:
     """The command-line assignment format (see the module docstring) of input x and output y
-    (flat) for ``variables`` (``declarations``)."""
+    (flat) for ``variables`` (``declarations``; ``positions``: see ``_values``)."""
     lines = []
-    for v, vals in _values(variables, x, y):
+    for v, vals in _values(variables, x, y, positions):
         lines.append(f"{v.name} {v.etype} {_dims(v.shape)}")
         lines.extend(repr(float(a)) for a in vals.tolist())
     return "".join(line + "\n" for line in lines)
 
 
-def result_text(verdict, variables=None) -> str:
+def result_text(verdict, variables=None, positions=None) -> str:
     """stdout of ``verify`` for a ``certify.vnncomp.Verdict``: the word, then for ``sat``
     (when ``variables`` is given) the assignment."""
     if verdict.result not in WORDS:
@@ -160,7 +195,7 @@ def result_text(verdict, variables=None) -> str:
     if verdict.result == "sat" and variables is not None:
         if verdict.counterexample is None:
             raise ValueError("verdict: 'sat' without a counterexample")
-        text += assignment_text(variables, *verdict.counterexample)
+        text += assignment_text(variables, *verdict.counterexample, positions)
     return text
 
 
@@ -185,17 +220,17 @@ def parse_assignment(text: str) -> tuple[str, dict]:
     return lines[0], out
 
 
-def write_assignment(folder, variables, x, y, dtypes) -> list:
+def write_assignment(folder, variables, x, y, dtypes, positions=None) -> list:
     """The serialised assignment format: ``folder/NAME.pb`` per variable, an ONNX
     ``TensorProto`` of the variable's shape and element type; ``dtypes``: numpy dtype per
-    role ("X", "Y"), the type of a ``real`` variable (the model's own; a declared ONNX type is
-    used as declared). Returns the paths written."""
+    variable name, or per role ("X", "Y"), the type of a ``real`` variable (the model's own; a
+    declared ONNX type is used as declared). Returns the paths written."""
     from onnx import numpy_helper
 
     os.makedirs(folder, exist_ok=True)
     paths = []
-    for v, vals in _values(variables, x, y):
-        dtype = dtypes[v.role] if is_real(v.etype) else np.dtype(v.etype)
+    for v, vals in _values(variables, x, y, positions):
+        dtype = dtypes.get(v.name, dtypes.get(v.role)) if is_real(v.etype) else np.dtype(v.etype)
         arr = vals.astype(dtype)
         if not np.array_equal(arr.astype(np.float64), vals):
             raise ValueError(f"assignment: a value of {v.name} is not exact in {np.dtype(dtype).name}")

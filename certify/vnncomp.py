@@ -24,6 +24,10 @@ method="bab")`` (``certify.bab.branch_and_bound``: splits on nonlinear neurons i
 input bisection, Vertex-Softmax leaves, the same attack from the leaves' worst points):
 falsified = "sat", certified = "unsat", otherwise "unknown" or "timeout".
 ``write_result(verdict, path)`` writes the VNN-COMP result file.
+Several inputs, outputs, hidden values or networks (``certify.vnnlib_binding``): the graph's
+input and output are their flat concatenations (``OnnxNetwork.parts``), so everything above
+runs unchanged; onnxruntime runs each model on its inputs' positions of x, the hidden values
+from a copy of the model that exposes them, and y is the concatenation in the same order.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ from softcert.certify import bab, crown
 from softcert.certify.api import linear_bounds
 from softcert.certify.lowering import F64
 from softcert.certify.methods import METHODS
-from softcert.certify.onnx_graph import OnnxNetwork, forward
+from softcert.certify.onnx_graph import OnnxNetwork, forward, with_outputs
 from softcert.certify.options import BabOptions
 from softcert.certify.vnnlib import Property, Region, float_up
 
@@ -134,41 +138,74 @@ def lower_bounds(graph, xl, xu, C, method="crown"):
 
 
 # ---------------------------------------------------------------- attack
+def _dtype_of(model, name):
+    types = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    return np.dtype(helper.tensor_dtype_to_np_dtype(types[name]))
+
+
 def _np_dtype(network):
-    inp = next(i for i in network.model.graph.input if i.name == network.input_name)
-    return np.dtype(helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type))
+    """The inputs' dtype, or with several the narrowest float one: its values are exact in
+    every input's own dtype (float16 in float32 in float64), so a point of it is an input."""
+    dtypes = [_dtype_of(p.model, name) for p in network.parts for name, _, _ in p.inputs]
+    if all(d.kind == "f" for d in dtypes):
+        return min(dtypes, key=lambda d: d.itemsize)
+    return dtypes[0]
 
 
 class _Runtime:
-    """The ONNX model itself, run by onnxruntime in its own input dtype (the session is made
-    on first use, from the model's bytes), and each region's attack box: the points of that
-    dtype inside the box as written (``Region.inner_box``), or None when there are none."""
+    """The ONNX models themselves (``OnnxNetwork.parts``: one, or several in a product graph),
+    run by onnxruntime in their own input dtypes (sessions made on first use, from the
+    models' bytes), and each region's attack box: the points of ``dtype`` (``_np_dtype``)
+    inside the box as written (``Region.inner_box``), or None when there are none. Each
+    model's inputs are read from x at their positions, and the outputs (hidden values last,
+    model after model) are concatenated, as in the graph."""
 
     def __init__(self, network):
         self.network, self.dtype, self.session, self.boxes = network, _np_dtype(network), None, {}
-        self.floating = self.dtype.kind == "f" and self.dtype.itemsize in (2, 4, 8)
+        self.floating = all(_dtype_of(p.model, name).kind == "f" and _dtype_of(p.model, name).itemsize in (2, 4, 8)
+                            for p in network.parts for name, _, _ in p.inputs)
 
     def box(self, region):
         if id(region) not in self.boxes:
             self.boxes[id(region)] = region.inner_box(self.dtype) if self.floating else None
         return self.boxes[id(region)]
 
-    def run(self, x) -> np.ndarray | None:
-        """The model's output at x (in ``dtype``), flat and as computed, or None when
-        onnxruntime cannot run the model (then nothing is confirmed)."""
+    def _sessions(self):
+        """Per part, onnxruntime sessions of the model itself (its outputs) and, with hidden
+        values, of the model that also returns them (``with_outputs``): outputs come from the
+        model as given, whose optimised graph exposing a value could change."""
         import onnxruntime as ort
 
+        if self.session is None:
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            self.session = []
+            for p in self.network.parts:
+                models = [p.model] + ([with_outputs(p.model, p.hidden)] if p.hidden else [])
+                self.session.append([ort.InferenceSession(m.SerializeToString(), opts,
+                                                          providers=["CPUExecutionProvider"]) for m in models])
+        return self.session
+
+    def run(self, x) -> np.ndarray | None:
+        """The models' outputs at x (in ``dtype``), then their hidden values, flat,
+        concatenated and exactly in float64, or None when onnxruntime cannot run a model or a
+        value is not a float (then nothing is confirmed)."""
+        x, outs = np.asarray(x).reshape(-1), []
         try:
-            if self.session is None:
-                opts = ort.SessionOptions()
-                opts.intra_op_num_threads = 1
-                self.session = ort.InferenceSession(self.network.model.SerializeToString(), opts,
-                                                    providers=["CPUExecutionProvider"])
-            out = self.session.run([self.network.output_name],
-                                   {self.network.input_name: x.reshape(self.network.input_shape)})[0]
+            for p, sessions in zip(self.network.parts, self._sessions()):
+                feeds = {name: x[list(pos)].astype(_dtype_of(p.model, name)).reshape(shape)
+                         for name, shape, pos in p.inputs}
+                names = [name for name, _ in p.outputs]
+                k = len(names) - len(p.hidden)
+                outs += sessions[0].run(names[:k], feeds)
+                if k < len(names):
+                    outs += sessions[1].run(names[k:], feeds)
         except Exception:  # noqa: BLE001 - onnxruntime's errors have many types: no confirmation
             return None
-        return np.asarray(out).reshape(-1)
+        outs = [np.asarray(o) for o in outs]
+        if any(o.dtype.kind != "f" for o in outs):
+            return None
+        return np.concatenate([o.reshape(-1).astype(np.float64) for o in outs])
 
 
 def onnx_output(network: OnnxNetwork, x) -> np.ndarray:
@@ -177,8 +214,8 @@ def onnx_output(network: OnnxNetwork, x) -> np.ndarray:
     rt = _Runtime(network)
     y = rt.run(np.asarray(x).astype(rt.dtype))
     if y is None:
-        raise ValueError("network: onnxruntime cannot run the ONNX model")
-    return y.astype(np.float64)
+        raise ValueError("network: onnxruntime cannot run the ONNX model (or an output is not a float)")
+    return y
 
 
 def _violation(y, region):
@@ -240,7 +277,7 @@ def _check(rt, region, x):
     lo, hi = rt.box(region)
     xd = np.minimum(np.maximum(np.asarray(x).astype(rt.dtype), lo), hi)  # exact: one dtype
     y = rt.run(xd)
-    if y is None or y.dtype.kind != "f" or not region.satisfied_exactly(y) or not region.contains(xd):
+    if y is None or not region.satisfied_exactly(y) or not region.contains(xd):
         return None
     return tuple(float(v) for v in xd), tuple(float(v) for v in y)
 

@@ -7,11 +7,20 @@ put in disjunctive normal form; every term contributes its input bounds (which m
 every X) and its output rows; terms with the same box are one ``Region``.
 - VNN-LIB 1.0: ``(declare-const X_0 Real)``, ``(declare-const Y_0 Real)``, asserts over them.
 - VNN-LIB 2.0: ``(vnnlib-version <2.0>)``, ``(declare-network N (declare-input X real [s..])
-  (declare-output Y real [s..]))``, indexed ``X[i]`` / ``X[i,j]`` (row-major flattened).
+  ... (declare-hidden H real [s..] "onnx-value") ... (declare-output Y real [s..]) ...)``,
+  indexed ``X[i]`` / ``X[i,j]`` (row-major flattened). Several inputs and outputs: X is the
+  concatenation of the flattened inputs in declaration order, Y that of the flattened outputs,
+  then of the hidden tensors (``Property.tensors`` gives each one's slice); they are matched to
+  the ONNX graph's inputs and outputs by order, or by the ONNX names written after the shapes
+  (the standard: then every input and output of the network names one). A hidden tensor is an
+  internal ONNX value (the standard's node output name, required); constraints on it are rows
+  over Y like the outputs' (a counterexample must satisfy them, so bounding them row by row
+  stays sound).
   The file is also parsed by the ``vnnlib`` package (its grammar and type checks); its
   ``vnnlib.compat.transform`` treats each ``assert`` as its own case rather than conjoining
   them, so the normal form is computed here for both versions.
-Atoms: ``<=, >=, <, >, =`` between linear expressions (``+``, ``-``, ``*`` by a constant).
+Atoms: ``<=, >=, <, >, =`` (1.0), ``==`` and ``!=`` (2.0; a != b is a < b or a > b) between
+linear expressions (``+``, ``-``, ``*`` by a constant).
 Numerals: ``[+-]digits[.digits][e[+-]digits]``, read as exact rationals.
 Two readings of every region:
 - for bounding ("unsat"): the float64 ``lower``/``upper`` rounded outward, ``rhs`` rounded
@@ -24,6 +33,7 @@ and the construct.
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import math
 import os
@@ -165,9 +175,42 @@ def _floor_in(q: Fraction, strict: bool, dtype):
 
 
 @dataclass(frozen=True)
+class Tensor:
+    """One declared 2.0 tensor: ``role`` "X" (input), "Y" (output) or "H" (hidden); its
+    elements are X[offset : offset + size] (inputs) or Y[offset : offset + size] (outputs and
+    hidden tensors: the joint output vector), row-major. ``onnx_name``: the ONNX value it is
+    bound to (always for a hidden tensor; for inputs and outputs when the file names them,
+    else None: bound by order)."""
+
+    name: str
+    role: str
+    shape: tuple
+    offset: int
+    network: str
+    onnx_name: str | None = None
+    line: int = 0
+    #: an input's elements as positions in X when inputs of different networks are equated
+    #: (``(assert (== A[i] X[i]))``, one variable for both); None: offset, offset + 1, ...
+    positions: tuple | None = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def indices(self) -> tuple:
+        """The positions of the elements (row-major) in X (inputs) or Y (the others)."""
+        return self.positions if self.positions is not None else tuple(range(self.offset, self.offset + self.size))
+
+
+@dataclass(frozen=True)
 class Property:
-    """A parsed VNN-LIB file: ``regions`` (a disjunction over input boxes), sizes of X and Y,
-    the version ("1.0" or "2.0"), the network name (2.0) and the file."""
+    """A parsed VNN-LIB file: ``regions`` (a disjunction over input boxes), sizes of X and Y
+    (all inputs; all outputs and hidden tensors), the version ("1.0" or "2.0"), the network
+    name (2.0) and the file."""
+
+    def of(self, role) -> tuple:
+        """The declared tensors of ``role`` ("X" inputs, "Y" outputs, "H" hidden) in order."""
+        return tuple(t for t in self.tensors if t.role == role)
 
     regions: tuple
     n_inputs: int
@@ -175,6 +218,11 @@ class Property:
     version: str
     network: str | None
     path: str
+    #: 2.0: every declared tensor (``Tensor``), in the file's order; () for 1.0
+    tensors: tuple = ()
+    #: 2.0: (name, relation, target) per declare-network in order; relation "equal-to" (the
+    #: same ONNX model as target), "isomorphic-to" (a model of the same interface) or None
+    networks: tuple = ()
     assumptions: str = ("bounding: strict inequalities closed, box bounds rounded outward and rhs upward to "
                         "float64, coefficients rounded to nearest; counterexamples: checked against the "
                         "literals as written (exact rationals, strictness kept)")
@@ -202,7 +250,7 @@ def _at(where, e) -> str:
 def _tokens(text):
     out = []
     for n, line in enumerate(text.split("\n"), 1):
-        for t in re.findall(r"\(|\)|[^\s()]+", line.split(";", 1)[0]):
+        for t in re.findall(r'"[^"]*"|\(|\)|[^\s()]+', line.split(";", 1)[0]):
             tok = _Tok(t)
             tok.line = n
             out.append(tok)
@@ -255,6 +303,8 @@ class _Vars:
         self.kind = {}  # name -> ("X" | "Y", shape) (2.0) or flat ("X" | "Y", index) (1.0)
         self.nx = self.ny = 0
         self.decl = {}  # "X" | "Y" -> {flat index or None (a tensor): line}
+        self.tensors = []  # 2.0: the declared ``Tensor``s in order
+        self.alias = {}  # X index as declared -> its position in X (``equate``)
 
     def declare_const(self, name, sort, loc):
         m = re.fullmatch(r"([XY])_(\d{1,9})", name) if isinstance(name, str) else None
@@ -269,18 +319,50 @@ class _Vars:
         else:
             self.ny = max(self.ny, i + 1)
 
-    def declare_tensor(self, role, name, shape, loc):
-        n = _size(math.prod(shape), f"{role} tensor {name}", loc)
+    def declare_tensor(self, t: Tensor, loc):
+        """Declare a 2.0 tensor (its offset already in its role's vector); a name declared
+        twice is an error (the standard: names are unique within the query)."""
+        _size(t.offset + t.size, f"{'the inputs' if t.role == 'X' else 'the outputs'} up to {t.name}", loc)
+        if t.name in self.kind:
+            raise ValueError(f"{loc}: {t.name} is declared twice (names are unique within a query)")
+        role = "X" if t.role == "X" else "Y"  # hidden tensors: the joint output vector
+        self.kind[t.name] = (role, t.shape, t.offset)
+        self.decl.setdefault(role, {})[None] = t.line
+        self.tensors.append(t)
         if role == "X":
-            if self.nx:
-                raise ValueError(f"{loc}: more than one declare-input (only one input tensor)")
-            self.nx = n
+            self.nx = max(self.nx, t.offset + t.size)
         else:
-            if self.ny:
-                raise ValueError(f"{loc}: more than one declare-output (only one output tensor)")
-            self.ny = n
-        self.kind[name] = (role, tuple(shape))
-        self.decl.setdefault(role, {})[None] = getattr(name, "line", 0)
+            self.ny = max(self.ny, t.offset + t.size)
+
+    def name_of(self, role, i) -> str:
+        """The written name of element i of the X or Y vector (X_i in 1.0, X[0,i] in 2.0)."""
+        for t in self.tensors:
+            if ("X" if t.role == "X" else "Y") == role and i in t.indices():
+                idx = np.unravel_index(t.indices().index(i), t.shape) if t.shape else ()
+                return f"{t.name}[{','.join(str(int(k)) for k in idx)}]"
+        return f"{role}_{i}"
+
+    def equate(self, pairs) -> None:
+        """Make the input elements of each pair (flat indices of X) one variable: X keeps one
+        position per class (in order of their first index), every reference and every input
+        tensor's ``positions`` follow. Exact when the pairs are top-level equalities."""
+        parent = list(range(self.nx))
+
+        def root(i):
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for a, b in pairs:
+            ra, rb = root(a), root(b)
+            parent[max(ra, rb)] = min(ra, rb)
+        reps = sorted({root(i) for i in range(self.nx)})
+        new = {r: k for k, r in enumerate(reps)}
+        self.alias = {i: new[root(i)] for i in range(self.nx)}
+        self.nx = len(reps)
+        self.tensors = [dataclasses.replace(t, positions=tuple(self.alias[i] for i in t.indices()))
+                        if t.role == "X" else t for t in self.tensors]
 
     def line_of(self, role, i):
         """The line declaring role i (an undeclared X_i below a declared one: the last X)."""
@@ -288,19 +370,32 @@ class _Vars:
         return d.get(i, d.get(None, max(d.values(), default=0)))
 
     def ref(self, atom, loc):
-        """('X'|'Y', flat index) of a variable reference, or None when not a variable."""
+        """('X'|'Y', flat index) of a variable reference, or None when not a variable (a
+        hidden tensor's elements are in the joint output vector Y; equated inputs share their
+        position, ``equate``)."""
+        r = self.raw_ref(atom, loc)
+        if r is not None and r[0] == "X" and self.alias:
+            return "X", self.alias[r[1]]
+        return r
+
+    def network_of(self, i):
+        """The network whose input holds X index ``i`` as declared (None for 1.0)."""
+        return next((t.network for t in self.tensors if t.role == "X" and t.offset <= i < t.offset + t.size), None)
+
+    def raw_ref(self, atom, loc):
+        """('X'|'Y', flat index as declared) of a variable reference, or None."""
         if atom in self.kind and isinstance(self.kind[atom][1], int):
             return self.kind[atom]
         m = re.fullmatch(r"([^\[\]]+)\[([\d,\s]+)\]", atom)
         if m and m.group(1) in self.kind and isinstance(self.kind[m.group(1)][1], tuple):
-            role, shape = self.kind[m.group(1)]
+            role, shape, offset = self.kind[m.group(1)]
             parts = m.group(2).split(",")
             if any(not p.strip().isdigit() or len(p.strip()) > 12 for p in parts):
                 raise ValueError(f"{loc}: malformed index {atom}")
             idx = [int(p) for p in parts]
             if len(idx) != len(shape) or any(not 0 <= i < s for i, s in zip(idx, shape)):
                 raise ValueError(f"{loc}: index {atom} out of range for shape {list(shape)}")
-            return role, int(np.ravel_multi_index(idx, shape)) if shape else 0
+            return role, offset + (int(np.ravel_multi_index(idx, shape)) if shape else 0)
         return None
 
 
@@ -312,21 +407,82 @@ def _shape_of(atoms, loc):
     return tuple(int(s) for s in m.group(1).split(",") if s)
 
 
-def _declare_network(e, vars_, where):
+_ROLES = {"declare-input": "X", "declare-hidden": "H", "declare-output": "Y"}
+
+
+def _declaration(d, e, where):
+    """(role, name, shape, onnx name or None, loc) of one declare-input / -hidden / -output."""
+    if not isinstance(d, list) or not d or d[0] not in _ROLES:
+        head = d[0] if isinstance(d, list) and d else d
+        raise ValueError(f"{_at(where, d if isinstance(d, list) else e)}: unsupported construct {_show(head)!r} "
+                         f"in declare-network (only declare-input, declare-hidden and declare-output)")
+    loc = _at(where, d)
+    if len(d) < 4 or not all(isinstance(a, str) for a in d[1:]):
+        tail = ' "onnx-name"' if d[0] == "declare-hidden" else ""
+        raise ValueError(f"{loc}: malformed {d[0]} (expected ({d[0]} NAME real [SHAPE]{tail}))")
+    if not d[2].lower().startswith(("real", "float")):
+        raise ValueError(f"{loc}: unsupported element type {d[2]!r} of {d[1]}")
+    atoms, onnx_name = list(d[3:]), None
+    if atoms[-1].startswith('"'):
+        onnx_name = atoms.pop()[1:-1]
+        if not onnx_name:
+            raise ValueError(f"{loc}: empty ONNX name in {d[0]} {d[1]}")
+    if d[0] == "declare-hidden" and onnx_name is None:
+        raise ValueError(f'{loc}: declare-hidden {d[1]} without the ONNX value it names (expected '
+                         f'(declare-hidden NAME real [SHAPE] "onnx-name"))')
+    return _ROLES[d[0]], d[1], _shape_of(atoms, loc), onnx_name, loc
+
+
+def _relation(e, networks, where):
+    """(relation, target) of ``(equal-to N)`` / ``(isomorphic-to N)`` at e[2], or (None, None)."""
+    d = e[2] if len(e) > 2 else None
+    if not (isinstance(d, list) and d and d[0] in ("equal-to", "isomorphic-to")):
+        return None, None
+    if len(d) != 2 or not isinstance(d[1], str):
+        raise ValueError(f"{_at(where, d)}: malformed {d[0]} (expected ({d[0]} NETWORK))")
+    if d[1] not in [n for n, _, _ in networks]:
+        raise ValueError(f"{_at(where, d)}: {d[0]} {d[1]}: no network {d[1]!r} is declared before it")
+    return d[0], d[1]
+
+
+def _same_interface(name, relation, target, vars_, where, e):
+    """ValueError unless network ``name`` has the inputs and outputs (number and shapes, in
+    order) of ``target`` (the standard's typing of equal-to and isomorphic-to)."""
+    for role, what in (("X", "input"), ("Y", "output")):
+        mine = [t.shape for t in vars_.tensors if t.network == name and t.role == role]
+        theirs = [t.shape for t in vars_.tensors if t.network == target and t.role == role]
+        if mine != theirs:
+            raise ValueError(f"{_at(where, e)}: declare-network {name} ({relation} {target}): its {what}s have shapes "
+                             f"{[list(s) for s in mine]}, those of {target} {[list(s) for s in theirs]}")
+
+
+def _declare_network(e, vars_, where, networks=()):
+    """Declare a network's tensors: inputs at the end of X in order; outputs, then hidden
+    tensors, at the end of Y in order. Returns (name, relation, target)."""
     if len(e) < 2 or not isinstance(e[1], str):
         raise ValueError(f"{_at(where, e)}: declare-network without a name")
-    for d in e[2:]:
-        if not isinstance(d, list) or not d or d[0] not in ("declare-input", "declare-output"):
-            head = d[0] if isinstance(d, list) and d else d
-            raise ValueError(f"{_at(where, d if isinstance(d, list) else e)}: unsupported construct {_show(head)!r} "
-                             f"in declare-network (only declare-input and declare-output)")
-        if len(d) < 4 or not all(isinstance(a, str) for a in d[1:]):
-            raise ValueError(f"{_at(where, d)}: malformed {d[0]} (expected ({d[0]} NAME real [SHAPE]))")
-        if not d[2].lower().startswith(("real", "float")):
-            raise ValueError(f"{_at(where, d)}: unsupported element type {d[2]!r} of {d[1]}")
-        vars_.declare_tensor("X" if d[0] == "declare-input" else "Y", d[1], _shape_of(d[3:], _at(where, d)),
-                             _at(where, d))
-    return e[1]
+    if e[1] in [n for n, _, _ in networks]:
+        raise ValueError(f"{_at(where, e)}: network {e[1]} is declared twice")
+    relation, target = _relation(e, networks, where)
+    decls = [_declaration(d, e, where) for d in e[(3 if relation else 2):]]
+    for role, what in (("X", "declare-input"), ("Y", "declare-output")):
+        if not any(r == role for r, *_ in decls):
+            raise ValueError(f"{_at(where, e)}: declare-network {e[1]} has no {what}")
+    named = [n is not None for r, _, _, n, _ in decls if r != "H"]
+    if any(named) and not all(named):
+        raise ValueError(f"{_at(where, e)}: declare-network {e[1]} names the ONNX values of some inputs and outputs "
+                         f"but not all (the standard: all of them, or none: bound by order)")
+    offsets, nx, ny = {}, vars_.nx, vars_.ny
+    for role in ("X", "Y", "H"):  # the layout: inputs in X; outputs, then hidden tensors, in Y
+        for k, (r, _, shape, _, _) in enumerate(decls):
+            if r == role:
+                offsets[k] = nx if role == "X" else ny
+                nx, ny = (nx + math.prod(shape), ny) if role == "X" else (nx, ny + math.prod(shape))
+    for k, (role, name, shape, onnx_name, loc) in enumerate(decls):  # in the file's order
+        vars_.declare_tensor(Tensor(name, role, shape, offsets[k], e[1], onnx_name, getattr(name, "line", 0)), loc)
+    if relation:
+        _same_interface(e[1], relation, target, vars_, where, e)
+    return e[1], relation, target
 
 
 # ---------------------------------------------------------------- formulas
@@ -426,7 +582,14 @@ def _atoms(e, vars_, where, depth):
         return [(*d, strict, loc)]
     if op in (">=", ">"):
         return [(*neg, strict, loc)]
-    return [(*d, False, loc), (*neg, False, loc)]  # "="
+    return [(*d, False, loc), (*neg, False, loc)]  # "=" (1.0) or "==" (2.0)
+
+
+def _same_line(e, items):
+    """An ``_Expr`` of ``items`` on the line of ``e``."""
+    out = _Expr(items)
+    out.line = getattr(e, "line", 0)
+    return out
 
 
 def _dnf(e, vars_, where, depth=0):
@@ -451,8 +614,10 @@ def _dnf(e, vars_, where, depth=0):
             if len(out) > MAX_TERMS:
                 raise ValueError(f"{_at(where, e)}: the disjunctive normal form exceeds {MAX_TERMS} terms")
         return out
-    if op in ("<=", ">=", "<", ">", "="):
+    if op in ("<=", ">=", "<", ">", "=", "=="):
         return [_atoms(e, vars_, where, depth + 1)]
+    if op == "!=":  # a != b: a < b or a > b
+        return [_atoms(_same_line(e, [strict, *e[1:]]), vars_, where, depth + 1) for strict in ("<", ">")]
     raise ValueError(f"{_at(where, e)}: unsupported construct {op!r} in an assertion")
 
 
@@ -495,7 +660,7 @@ def _term(atoms, vars_, where):
                 continue
             (_, i), a = next(iter(coefs.items()))
             if abs(c / a) > _FMAX:
-                raise ValueError(f"{loc}: bound of X_{i} beyond the float64 range (±1.8e308); every input "
+                raise ValueError(f"{loc}: bound of {vars_.name_of('X', i)} beyond the float64 range (±1.8e308); every input "
                                  f"needs a finite box")
             if a > 0:
                 hi[i] = _tighter(hi[i], (-c / a, strict), True)
@@ -507,7 +672,7 @@ def _term(atoms, vars_, where):
             raise ValueError(f"{loc}: unsupported constraint mixing inputs and outputs")
     for i in range(nx):
         if lo[i] is None or hi[i] is None:
-            raise ValueError(f"{_at(where, _Line(vars_.line_of('X', i)))}: input X_{i} has no "
+            raise ValueError(f"{_at(where, _Line(vars_.line_of('X', i)))}: input {vars_.name_of('X', i)} has no "
                              f"{'lower' if lo[i] is None else 'upper'} bound (every input needs a box)")
     if any(a > b or (a == b and (sa or sb)) for (a, sa), (b, sb) in zip(lo, hi)):
         return None
@@ -536,6 +701,21 @@ def _floats(box, rows, ny):
     return (np.array([float_down(a) for a, _, _, _ in box]), np.array([float_up(b) for _, _, b, _ in box]), mat, rhs)
 
 
+def _shared_inputs(conj, vars_, where):
+    """Pairs (i, j) of X indices (as declared) that a top-level conjunct ``(== A[..] X[..])``
+    (or 1.0's ``=``) equates, A and X inputs of different networks: one variable each, which
+    is exact since every solution satisfies a top-level conjunct (a product graph then reads
+    both networks' inputs from the same position, so its bounds see the two as equal)."""
+    pairs = []
+    for a in _flat(conj, "and"):
+        if not (isinstance(a, list) and len(a) == 3 and a[0] in ("=", "==") and all(isinstance(v, str) for v in a[1:])):
+            continue
+        r, q = (vars_.raw_ref(v, _at(where, a)) for v in a[1:])
+        if r and q and r[0] == q[0] == "X" and vars_.network_of(r[1]) != vars_.network_of(q[1]):
+            pairs.append((r[1], q[1]))
+    return pairs
+
+
 def _header(e, vars_, where, state):
     """One top-level declaration into ``vars_`` / ``state`` (version, network, asserts)."""
     head, loc = e[0], _at(where, e)
@@ -548,9 +728,8 @@ def _header(e, vars_, where, state):
             raise ValueError(f"{loc}: malformed declare-const {_show(e)} (expected (declare-const X_0 Real))")
         vars_.declare_const(e[1], e[2], loc)
     elif head == "declare-network":
-        if state["network"] is not None:
-            raise ValueError(f"{loc}: more than one declare-network (only one network)")
-        state["network"] = _declare_network(e, vars_, where)
+        state["networks"].append(_declare_network(e, vars_, where, state["networks"]))
+        state["network"] = state["networks"][0][0]
     elif head == "assert":
         if len(e) != 2:
             raise ValueError(f"{loc}: malformed assert (expected one formula)")
@@ -563,7 +742,7 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
     """Parse VNN-LIB 1.0 or 2.0 text (``where``: the file name for messages)."""
     exprs = _parse(_tokens(text), where)
     vars_ = _Vars(where)
-    state = {"version": "1.0", "network": None, "asserts": []}
+    state = {"version": "1.0", "network": None, "networks": [], "asserts": []}
     for e in exprs:
         if not isinstance(e, list) or not e or not isinstance(e[0], str):
             raise ValueError(f"{_at(where, e)}: unexpected top-level {_show(e)!r}")
@@ -575,8 +754,9 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
         raise ValueError(f"{where}: the file declares no {'inputs' if not vars_.nx else 'outputs'}")
     if not asserts:
         raise ValueError(f"{where}: no assert")
-    conj = _Expr(["and", *asserts])
-    conj.line = getattr(asserts[0], "line", 0)
+    conj = _same_line(asserts[0], ["and", *asserts])
+    if len(state["networks"]) > 1:
+        vars_.equate(_shared_inputs(conj, vars_, where))
     regions: dict = {}
     for t in _dnf(conj, vars_, where):
         r = _term(t, vars_, where)
@@ -589,7 +769,8 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
         parts = [_floats(box, rows, vars_.ny) for rows in terms]
         exact = tuple(tuple((coefs, r, s) for coefs, r, s, _ in rows) for rows in terms)
         out.append(Region(parts[0][0], parts[0][1], tuple((m, b) for _, _, m, b in parts), box, exact, xrows))
-    return Property(tuple(out), vars_.nx, vars_.ny, version, network, where)
+    return Property(tuple(out), vars_.nx, vars_.ny, version, network, where, tuple(vars_.tensors),
+                    tuple(state["networks"]))
 
 
 def read_vnnlib(path) -> Property:
@@ -603,6 +784,16 @@ def read_vnnlib(path) -> Property:
     return prop
 
 
+_IO_NAME = re.compile(r'(\(\s*declare-(?:input|output)\s+[^\s()]+\s+[^\s()]+\s*\[[^\]]*\])(\s*)"[^"]*"')
+
+
+def _without_io_names(text):
+    """``text`` without the ONNX names of inputs and outputs (``(declare-input X real [2]
+    "x")``: the standard's mapping by name), which the ``vnnlib`` package 1.0's grammar does
+    not have (it has them on declare-hidden only); newlines are kept, so lines still match."""
+    return _IO_NAME.sub(lambda m: m.group(1) + "\n" * m.group(2).count("\n"), text)
+
+
 def _package_check(text, where):
     """The ``vnnlib`` package's grammar and type checks of a 2.0 file, when it is installed;
     its error as a ValueError naming the file and the line it reports."""
@@ -611,7 +802,7 @@ def _package_check(text, where):
     except ImportError:  # an optional check (the test extra installs it): parse_vnnlib is complete
         return
     try:
-        vnnlib_pkg.parse_query_string(text)
+        vnnlib_pkg.parse_query_string(_without_io_names(text))
     except RecursionError:
         pass  # too deep for the package's recursive parser: parse_vnnlib checked it alone
     except Exception as exc:  # noqa: BLE001 - VNNLibException, or the package's own failure on the file

@@ -255,20 +255,29 @@ def test_the_reported_vnnlib_versions_are_read_and_the_theories_hold():
     with pytest.raises(ValueError, match="vnnlib-version"):
         parse_vnnlib(query().replace("<2.0>", "<2.1>"))
     theories = {name: set(supports(name)) for name in PERMITTED}
-    assert theories == {"hidden-node-theories": {"NH"}, "multiple-input-output-theories": {"SIO"},
-                        "multiple-network-theories": {"SNET"}, "multiple-node-comparison-theories": {"SNC"},
+    assert theories == {"hidden-node-theories": {"NH", "H"}, "multiple-input-output-theories": {"SIO", "MIO"},
+                        "multiple-network-theories": {"SNET", "MENET", "MINET", "MNET"},
+                        "multiple-node-comparison-theories": {"SNC"},
                         "arithmetic-complexity-theories": {"BND", "OUTC", "LIN"}}
     head = "(vnnlib-version <2.0>)\n(declare-network net (declare-input X real [2]) (declare-output Y real [2]))\n"
     box = "(assert (>= X[0] 0.0))(assert (<= X[0] 1.0))(assert (>= X[1] 0.0))(assert (<= X[1] 1.0))\n"
     # BND, OUTC and LIN (bounds; a comparison of outputs; linear constraints over inputs) are read ...
     assert parse_vnnlib(head + box + "(assert (>= Y[1] Y[0]))(assert (<= Y[0] 3.0))\n").regions
     assert parse_vnnlib(head + box + "(assert (<= (+ X[0] X[1]) 1.0))(assert (<= Y[0] 3.0))\n").regions[0].input_rows
-    # ... and what the next theory of each set adds is refused
+    # H, MIO and MNET (hidden values, several inputs and outputs, several networks) are read
+    # (tests/test_vnnlib_hidden.py, tests/test_vnnlib_multi_io.py, tests/test_vnnlib_networks.py) ...
+    zbox = "(assert (>= Z[0] 0.0))(assert (<= Z[0] 1.0))"
+    assert parse_vnnlib(head.replace("(declare-output", '(declare-hidden H real [2] "h") (declare-output') + box
+                        + "(assert (>= H[0] 1.0))\n").n_outputs == 4
+    assert parse_vnnlib(head.replace("(declare-output", "(declare-input Z real [1]) (declare-output") + box + zbox
+                        + "(assert (>= Y[0] 1.0))\n").n_inputs == 3
     net2 = "(declare-network other (declare-input A real [2]) (declare-output B real [2]))\n"
+    assert parse_vnnlib(head + net2 + box + "(assert (== A[0] X[0]))(assert (== A[1] X[1]))(assert (>= B[0] 1.0))\n"
+                        ).n_inputs == 2
+    # ... and what the next theory of each set adds is refused
     outside = {
-        "H": head.replace("(declare-output", '(declare-hidden H real [2] "h") (declare-output') + box,
-        "MIO": head.replace("(declare-output", "(declare-input Z real [1]) (declare-output") + box,
-        "MNET": head + net2 + box,
+        "MNET with a constraint between one network's input and another's output":
+            head + net2 + box + "(assert (== A[0] X[0]))(assert (== A[1] X[1]))(assert (<= A[0] Y[0]))\n",
         "MNC": head + box + "(assert (<= X[0] Y[0]))\n",
         "POLY": head + box + "(assert (<= (* Y[0] Y[1]) 1.0))\n",
     }

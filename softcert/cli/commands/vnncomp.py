@@ -86,11 +86,16 @@ def _decide(args, start, deadline):
     from softcert.certify.onnx_graph import read_onnx
     from softcert.certify.vnncomp import SOLVE_METHODS, solve
     from softcert.certify.vnnlib import read_vnnlib
+    from softcert.certify.vnnlib_binding import check_bound, read_options
 
     if args.method not in SOLVE_METHODS:
         raise ValueError(f"--method: expected one of {', '.join(SOLVE_METHODS)}, got {args.method!r}")
-    network = read_onnx(args.model)
     prop = read_vnnlib(args.property)
+    if len(prop.networks) > 1:
+        raise ValueError(f"{args.property}: declares {len(prop.networks)} networks; softcert vnncomp takes one model "
+                         f"(use softcert vnnlib verify with one --network per network)")
+    network = read_onnx(args.model, **read_options(prop))  # several inputs, outputs, hidden values
+    check_bound(prop, network, args.property)
     left = deadline - time.monotonic() - wallclock.MARGIN
     if left <= 0:
         from softcert.certify.vnncomp import Verdict

@@ -5,8 +5,9 @@ Interface"); the theory names are those of its chapter "Theories and Logics". He
 ``<solver>`` is ``softcert vnnlib``:
 
 - ``softcert vnnlib --name`` / ``--version``: the solver's name and version.
-- ``softcert vnnlib verify QUERY.vnnlib --network NAME=MODEL.onnx [--timeout S]
-  [--serialise-assignments DIR]`` prints ``sat`` / ``unsat`` / ``unknown`` / ``timed-out``;
+- ``softcert vnnlib verify QUERY.vnnlib --network NAME=MODEL.onnx ... [--timeout S]
+  [--serialise-assignments DIR]`` (one --network per declared network not marked
+  ``equal-to``; certify.vnnlib_binding binds inputs, outputs and hidden values) prints ``sat`` / ``unsat`` / ``unknown`` / ``timed-out``;
   for ``sat`` the assignment follows (certify.solver_interface: every declared variable as
   ``NAME TYPE [DIMS]`` and its values one a line), or is written to DIR as ONNX TensorProto
   files. The timeout counts from the start of the process (interpreter start-up, imports and
@@ -73,15 +74,21 @@ PARTIAL_OPERATORS = {
 #: after a name: all of ONNX_ELEMENT_TYPES)
 ONNX_OPERATORS = tuple(op for op in ONNX_OPERATORS_READ if op not in PARTIAL_OPERATORS)
 #: the theory sets of the standard's chapter "Theories and Logics", each answered with every
-#: theory of the set softcert handles (the downward-closed list, weakest first): no
-#: declare-hidden (NH), one input and one output tensor (SIO), one network (SNET), no
-#: assertion relating an input and an output (SNC), bounds on single inputs, linear
-#: constraints over the outputs and over several inputs (BND, OUTC, LIN: an input polytope,
-#: certify.vnnlib.Region.input_rows; each input still needs its own bounds)
+#: theory of the set softcert handles (the downward-closed list, weakest first): hidden nodes
+#: (NH, H: declare-hidden values are extra outputs, their constraints extra rows), several
+#: input and output tensors (SIO, MIO: concatenated, bound by order or by ONNX name;
+#: certify.vnnlib_binding), several networks (SNET, MENET, MINET, MNET: a product graph;
+#: inputs equated across networks by top-level (== A[i] X[i]) share one variable), no assertion
+#: relating an input and an output (SNC: comparisons of outputs and hidden values with each
+#: other are read, but MNC also admits inputs against outputs, which is refused; so is, under
+#: several networks, a linear constraint relating one network's inputs to another's outputs),
+#: bounds on single inputs, linear constraints over the outputs and over several inputs (BND,
+#: OUTC, LIN: an input polytope, certify.vnnlib.Region.input_rows; each input needs its own
+#: bounds, or to be equated with an input that has them)
 THEORIES = {
-    "hidden-node-theories": ("NH",),
-    "multiple-input-output-theories": ("SIO",),
-    "multiple-network-theories": ("SNET",),
+    "hidden-node-theories": ("NH", "H"),
+    "multiple-input-output-theories": ("SIO", "MIO"),
+    "multiple-network-theories": ("SNET", "MENET", "MINET", "MNET"),
     "multiple-node-comparison-theories": ("SNC",),
     "arithmetic-complexity-theories": ("BND", "OUTC", "LIN"),
 }
@@ -133,7 +140,8 @@ def configure(parser) -> None:
                                    "for sat the assignment")
     v.add_argument("property", help="the VNN-LIB 1.0 or 2.0 query (.vnnlib or .vnnlib.gz)")
     v.add_argument("--network", required=True, action="append", metavar="NAME=MODEL.onnx",
-                   help="the network the query declares (declare-network NAME) and its ONNX file")
+                   help="a network the query declares (declare-network NAME) and its ONNX file; once for each "
+                        "network not marked equal-to")
     v.add_argument("--timeout", type=float, default=None,
                    help="seconds, counted from the start of the process (start-up and loading included); "
                         "default: none")
@@ -157,22 +165,15 @@ def configure(parser) -> None:
                            if name == "onnx-operators-partial" else None)
 
 
-def _networks(args, declared):
-    """The ONNX path of the one network: each --network NAME=PATH must name a declared
-    network (2.0) and each declared network must have one."""
+def _networks(args):
+    """(name, path) of each --network NAME=PATH."""
     pairs = []
     for item in args.network:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--network: expected NAME=MODEL.onnx, got {item!r}")
         pairs.append((name, path))
-    if len(pairs) != 1:
-        raise ValueError(f"--network: exactly one network is supported (supports --multiple-network-theories: SNET), "
-                         f"got {len(pairs)}")
-    name, path = pairs[0]
-    if declared is not None and name != declared:
-        raise ValueError(f"--network: the property declares network {declared!r}, got {name!r}")
-    return path
+    return pairs
 
 
 def _element_types(args, variables):
@@ -190,38 +191,28 @@ def _element_types(args, variables):
     return typed
 
 
-def _model_types(network):
-    """numpy dtypes of the model's input and output ("X", "Y")."""
-    import numpy as np
-    from onnx import helper
-
-    g = network.model.graph
-    types = {}
-    for role, name, values in (("X", network.input_name, g.input), ("Y", network.output_name, g.output)):
-        vi = next(v for v in values if v.name == name)
-        types[role] = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-    return types
-
-
 def _verify(args, deadline, watchdog) -> int:
     if args.unsat_proofs is not None:
         raise ValueError("--unsat-proofs: softcert produces no UNSAT proofs (supports --unsat-proofs: false)")
     from softcert.certify import solver_interface as si
-    from softcert.certify.onnx_graph import read_onnx
+    from softcert.certify.onnx_graph import read_product
     from softcert.certify.vnncomp import SOLVE_METHODS, Verdict, solve
     from softcert.certify.vnnlib import read_vnnlib
+    from softcert.certify.vnnlib_binding import check_bound, model_dtypes, model_files, parts, positions
 
     if args.method not in SOLVE_METHODS:
         raise ValueError(f"--method: expected one of {SOLVE_METHODS}, got {args.method!r}")
     prop = read_vnnlib(args.property)
     variables = si.declarations(si.read_text(args.property))
     typed = _element_types(args, variables)
-    network = read_onnx(_networks(args, prop.network))
-    types = _model_types(network)
+    network = read_product(parts(prop, model_files(prop, _networks(args))), prop.n_inputs)
+    check_bound(prop, network, args.property)
+    types = model_dtypes(prop, network)
     for v in typed:  # declared ONNX types must be the model's (the standard's second error)
-        if v.role in types and v.etype.lower() != types[v.role].name:
-            raise ValueError(f"{args.property}: {v.name} is declared {v.etype}, the ONNX model's "
-                             f"{'input' if v.role == 'X' else 'output'} is {types[v.role].name}")
+        t = types.get(v.name, types.get(v.role))
+        if t is not None and v.etype.lower() != t.name:
+            kind = {"X": "input", "Y": "output"}.get(v.role, "hidden value")
+            raise ValueError(f"{args.property}: {v.name} is declared {v.etype}, the ONNX model's {kind} is {t.name}")
     lo, hi = ONNX_OPSET_VERSIONS
     if not lo <= network.opset <= hi:
         print(f"softcert vnnlib: warning: the model's opset {network.opset} is outside the opsets softcert was "
@@ -234,10 +225,11 @@ def _verify(args, deadline, watchdog) -> int:
     if watchdog is not None and not watchdog.claim():
         time.sleep(60)  # the watchdog is printing timed-out and ending the process
     if verdict.result == "sat" and args.serialise_assignments is not None:
-        si.write_assignment(args.serialise_assignments, variables, *verdict.counterexample, types)
+        si.write_assignment(args.serialise_assignments, variables, *verdict.counterexample, types,
+                            positions(prop) or None)
         print(si.result_text(verdict), end="")
     else:
-        print(si.result_text(verdict, variables), end="")
+        print(si.result_text(verdict, variables, positions(prop) or None), end="")
     return 0
 
 
