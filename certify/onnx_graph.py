@@ -18,7 +18,7 @@ real arithmetic, and a dropped rounding could turn a false property into `unsat`
 float to an integer type truncates (``trunc``) and to bool tests x != 0 (``nonzero``), both
 piecewise constant; integers then only move (``_MOVES_INTEGERS``) or are cast again.
 Comparisons (Greater, Less, ..., Equal) of perturbed values are 0/1 steps of their difference
-(``_compare``), read by Where (``_where``: the bilinear product), Cast, Not, And, Or and the
+(``_compare``), read by Where (``_where``: the bilinear product), Cast, Not, And, Or, Xor and the
 moves; bool values are made only by ``_MAKES_BOOLS``, never by arithmetic.
 Batch: the model is read at batch 1 (a symbolic first axis counts as 1). By default every graph
 input that is not an initializer is perturbed (one: the graph's input itself; several: slices of
@@ -378,7 +378,7 @@ _INTEGERS = {_BOOL: (0, 1), onnx.TensorProto.FLOAT: (-2**24, 2**24), onnx.Tensor
 _MOVES_INTEGERS = ("Cast", "Concat", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Slice", "Split",
                    "Squeeze", "Transpose", "Unsqueeze", "Where")
 #: operators with a bool output computed exactly from their inputs' real values (0/1 in the graph)
-_MAKES_BOOLS = ("And", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "Or")
+_MAKES_BOOLS = ("And", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "Or", "Xor")
 
 
 def _type_name(t) -> str:
@@ -894,7 +894,7 @@ def _compare(op):
     d = a - b (``_step``; Equal: 1 - nonzero(d), {1} only where l = u = 0). As for the whole
     graph, the values compared are the real ones: a float32 rounding of the operands that
     moves one across the other is not modelled. The bool result is read only by Where, Cast,
-    Not, And, Or, Equal and the moves (``_MOVES_INTEGERS``)."""
+    Not, And, Or, Xor, Equal and the moves (``_MOVES_INTEGERS``)."""
     def rule(lw, name, at, a, b):
         _broadcast_shape(lw, a, b)
         d = lw.b.sub(_f(a), _f(b), name) if op in ("Greater", "GreaterOrEqual", "Equal") else lw.b.sub(_f(b), _f(a), name)
@@ -920,6 +920,16 @@ def _or(lw, name, at, p, q):
     """Or of 0/1 values: [p + q > 0.5] (``_step``; exact as for ``_and``)."""
     _broadcast_shape(lw, p, q)
     return _step(lw, lw.b.add(lw.b.add(_f(p), _f(q), name), const(-0.5), name), True, name)
+
+
+def _xor(lw, name, at, p, q):
+    """Xor of 0/1 values: [|p - q| > 0.5] with |p - q| = relu(p - q) + relu(q - p) (``_step``;
+    exact on 0/1 values, where |p - q| is 0 or 1): bounds the exact image in [0, 1], decided
+    where both operands are."""
+    _broadcast_shape(lw, p, q)
+    d = lw.b.sub(_f(p), _f(q), name)
+    gap = lw.b.add(lw.b.unary("relu", d, name), lw.b.unary("relu", lw.b.neg(d, name), name), name)
+    return _step(lw, lw.b.add(gap, const(-0.5), name), True, name)
 
 
 def _concat(lw, name, at, *xs):
@@ -1185,7 +1195,7 @@ def _neg(lw, name, at, x):
 RULES = {
     "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _binary("div"),
     **{op: _compare(op) for op in ("Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual")},
-    "Not": _not, "And": _and, "Or": _or,
+    "Not": _not, "And": _and, "Or": _or, "Xor": _xor,
     "BatchNormalization": _batch_norm, "Cast": _cast, "Concat": _concat, "Conv": _conv,
     "Dropout": _dropout, "Erf": _erf, "Exp": _unary("exp"), "Gelu": _gelu_rule, "Expand": _expand, "Flatten": _flatten, "Gather": _gather,
     "Gemm": _gemm, "Identity": _identity, "LayerNormalization": _layer_norm, "MatMul": _matmul,

@@ -193,3 +193,21 @@ def test_bool_arithmetic_is_refused_naming_the_node():
                      inits=[("z", np.float32(0.0))])
     with pytest.raises(ValueError, match="Add at node 'int_sum'.*INT32"):
         read_onnx(cast_int)
+
+
+def test_xor_of_comparisons_is_exact_where_decided():
+    """y = Cast(Xor(p > q, q >= 0)): onnxruntime inside both bounds at corners, samples and
+    boundary points; [0, 1] always; decided 1 and 0 boxes give 1 and 0."""
+    nodes = [helper.make_node("Greater", ["p", "q"], ["g"]), helper.make_node("GreaterOrEqual", ["q", "z"], ["e"]),
+             helper.make_node("Xor", ["g", "e"], ["o"]), helper.make_node("Cast", ["o"], ["y"], to=TensorProto.FLOAT)]
+    inits = [("z", np.float32(0.0))]
+    cases = {((-1.0, 1.0), (-1.0, 1.0)): None, ((1.0, 2.0), (-1.0, -0.5)): 1.0,  # g true, e false
+             ((1.0, 2.0), (0.1, 0.5)): 0.0, ((-2.0, -1.0), (0.1, 1.0)): 1.0, ((-2.0, -1.5), (-1.0, -0.5)): 0.0,
+             ((1.0, 2.0), (0.0, 0.5)): None}  # touches q = 0: undecided after outward rounding (sound)
+    for ((pl, pu), (ql, qu)), want in cases.items():
+        xl, xu = np.array([[pl, ql]]), np.array([[pu, qu]])
+        extra = [e for e in [*_diagonal(((pl, pu), (ql, qu))), [pl, 0.0], [pu, 0.0]] if pl <= e[0] <= pu and ql <= e[1] <= qu]
+        for lo, hi in _check(_pair(nodes, inits), xl, xu, extra=extra).values():
+            assert -TINY <= lo[0] <= hi[0] <= 1 + TINY
+            if want is not None:
+                assert abs(lo[0] - want) <= TINY and abs(hi[0] - want) <= TINY

@@ -49,7 +49,7 @@ ONNX_OPERATORS_READ = (
     "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Identity",
     "LayerNormalization", "Less", "LessOrEqual", "MatMul", "MaxPool", "Mul", "Neg", "Not", "Or", "Pow", "Reciprocal",
     "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Slice", "Softmax", "Split", "Sqrt", "Squeeze",
-    "Sub", "Tanh", "Transpose", "Unsqueeze", "Where",
+    "Sub", "Tanh", "Transpose", "Unsqueeze", "Where", "Xor",
 )
 #: operators read only in part: not reported by ``supports --onnx-operators`` (the standard's
 #: list can restrict an operator by element type only); ``supports --onnx-operators-partial``
