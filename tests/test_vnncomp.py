@@ -329,9 +329,10 @@ def test_solve_keeps_its_budget_on_a_slow_model(slow_mlp, method):
     prop = parse_vnnlib(robustness(x0, 0.3, label, 10))
     t = time.monotonic()
     verdict = solve(read_onnx(path), prop, 0.5, method)
-    # measured 0.50 s (crown) and 0.73 s (bab) on the 2-core machine; 7.2 s for a 3 s budget
-    # before the deadline reached the bound computation, 1.4 s more for torch.optim's import
-    assert time.monotonic() - t < 0.5 + 1.0 and verdict.result == "timeout", verdict
+    # measured 0.50 s (crown) and 0.73 s (bab) on the 2-core machine, 1.84 s under -n 4 (other
+    # workers take the CPU); 7.2 s for a 3 s budget before the deadline reached the bound
+    # computation (one root bound takes over 4 s), so 2 s of slack still tells the two apart
+    assert time.monotonic() - t < 0.5 + 2.0 and verdict.result == "timeout", verdict
 
 
 def test_cli_vnncomp_timeout_counts_from_process_start(mlp, tmp_path):
