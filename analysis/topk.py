@@ -64,13 +64,28 @@ ASSUMPTIONS = (
 
 
 # ----------------------------------------------------------------------------- validation
-def _backend(backend, triton: bool = False) -> str:
+def _backend(backend, triton: bool = False, device: torch.device | None = None) -> str:
+    """The backend to run: "auto" is where the data is, the Triton kernel for CUDA scores (when
+    triton is installed and the function has one), Numba otherwise."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "triton" and not triton:
         raise ValueError("backend: 'triton' serves tail_mass, certify_topk, certified_k and "
                          "output_error_bound only; use 'numba' or 'torch' here")
-    return "numba" if backend == "auto" else backend
+    if backend != "auto":
+        return backend
+    if triton and device is not None and device.type == "cuda":
+        try:
+            import triton as _  # noqa: F401
+        except ImportError:
+            return "numba"
+        return "triton"
+    return "numba"
+
+
+def _device(scores) -> torch.device:
+    """Where results go: the scores' device (a tensor), else the CPU."""
+    return scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
 
 
 def validate_eps(eps) -> float:
@@ -84,8 +99,10 @@ def validate_eps(eps) -> float:
     return e
 
 
-def _validate_k(k, batch_shape, name: str = "k") -> torch.Tensor:
-    kt = torch.as_tensor(k)
+def _validate_k(k, batch_shape, name: str = "k", device=None) -> torch.Tensor:
+    """k as int64 key counts broadcast to the rows, on ``device`` (default the CPU; a tensor
+    k is moved there)."""
+    kt = k.to(device or k.device) if isinstance(k, torch.Tensor) else torch.as_tensor(k, device=device or "cpu")
     if kt.is_floating_point() or kt.is_complex() or kt.dtype == torch.bool:
         if kt.is_floating_point() and torch.all(kt == kt.round()) and torch.isfinite(kt).all():
             kt = kt.to(torch.int64)
@@ -136,7 +153,9 @@ def sorted_weights(s: torch.Tensor):
     """(v, w, n_valid): scores sorted descending, w = exp(v - max) via numpy's exp, counts."""
     v = torch.sort(s, dim=-1, descending=True).values
     d = v - v[..., :1]
-    w = torch.from_numpy(np.exp(d.numpy()))
+    # numpy's exp on the CPU (the C library's, as the Numba kernels), torch's on a GPU (CUDA's
+    # float64 exp, documented at 1 ulp): both within the 2 ulp assumed (ASSUMPTIONS)
+    w = torch.from_numpy(np.exp(d.numpy())) if d.device.type == "cpu" else d.exp()
     n_valid = torch.isfinite(v).sum(-1)
     return v, w, n_valid
 
@@ -185,11 +204,12 @@ def tail_mass(scores, k, *, rounding: str = "nearest", backend: str = "auto") ->
     """
     if rounding not in ktopk.ROUNDING_MODES:
         raise ValueError(f"rounding: expected 'up', 'down' or 'nearest', got {rounding!r}")
-    be = _backend(backend, triton=True)
-    s = validate_scores(scores)
-    kk = _validate_k(k, s.shape[:-1])
-    if be == "numba":
-        return ktopk.tail_mass_numba(s, kk, rounding)
+    dev = _device(scores)
+    be = _backend(backend, triton=True, device=dev)
+    s = validate_scores(scores, device=dev)
+    kk = _validate_k(k, s.shape[:-1], device=dev)
+    if be == "numba":  # a CPU kernel: the rows go there and the result comes back
+        return ktopk.tail_mass_numba(s.cpu(), kk.cpu(), rounding).to(dev)
     n = s.shape[-1]
     T, n_valid = _tail_sums(s, be)
     Tk = T.gather(-1, kk.clamp(max=n).unsqueeze(-1)).squeeze(-1)
@@ -222,10 +242,11 @@ class TopKCertificate:
 def certify_topk(scores, eps, *, backend: str = "auto") -> TopKCertificate:
     """Minimal k with τ⁺_k <= ε per row, with the evidence (see module doc on minimality)."""
     e = validate_eps(eps)
-    be = _backend(backend, triton=True)
-    s = validate_scores(scores)
-    if be == "numba":
-        k, up_k, lo_prev, n_valid = ktopk.certify_rows_numba(s, e)
+    dev = _device(scores)
+    be = _backend(backend, triton=True, device=dev)
+    s = validate_scores(scores, device=dev)
+    if be == "numba":  # a CPU kernel: the rows go there and the results come back
+        k, up_k, lo_prev, n_valid = (t.to(dev) for t in ktopk.certify_rows_numba(s.cpu(), e))
         return TopKCertificate(
             k=k, n_valid=n_valid, tail_upper=up_k, tail_lower_prev=lo_prev,
             minimal_proved=lo_prev > e, eps=e, method=f"{METHOD} (numba)",
@@ -233,7 +254,7 @@ def certify_topk(scores, eps, *, backend: str = "auto") -> TopKCertificate:
     n = s.shape[-1]
     model = _TailModel.for_length(n)
     T, n_valid = _tail_sums(s, be)
-    ks = torch.arange(n + 1).expand(T.shape)
+    ks = torch.arange(n + 1, device=T.device).expand(T.shape)
     tau_up = _tail_from_sums(T, T[..., :1], ks, n_valid.unsqueeze(-1), model, "up")
     # τ⁺ is non-increasing in k and τ⁺_0 = 1 > ε: the least passing k = number failing
     k = (tau_up > e).sum(-1)

@@ -92,10 +92,10 @@ def as_float64(x, name: str, check_nan: bool = True, device=None) -> torch.Tenso
     return t
 
 
-def validate_scores(scores, name: str = "scores") -> torch.Tensor:
-    """Score rows (..., n) as float64: rejects NaN, +inf, an empty key axis and fully masked
-    rows (-inf marks a masked key)."""
-    s = as_float64(scores, name)
+def validate_scores(scores, name: str = "scores", device=None) -> torch.Tensor:
+    """Score rows (..., n) as float64 on ``device`` (default the CPU): rejects NaN, +inf, an
+    empty key axis and fully masked rows (-inf marks a masked key)."""
+    s = as_float64(scores, name, device=device)
     if s.shape[-1] == 0:
         raise ValueError(f"{name}: the key axis (last dimension) is empty")
     if torch.isposinf(s).any():

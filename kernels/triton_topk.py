@@ -44,9 +44,9 @@ def tail_sums_triton(s: torch.Tensor):
     """(T (B, n+1) float64, n_valid (B,) int64) for validated score rows s (B, n) float64:
     T[:, k] = fl-sum of all but the k largest weights exp(s - max), T[:, n] = 0."""
     rows, n = s.shape
-    device = kernel_device()
+    device, home = kernel_device(), s.device
     s = s.to(device=device, dtype=torch.float64).contiguous()
     t = torch.zeros((rows, n + 1), dtype=torch.float64, device=device)
     nv = torch.empty(rows, dtype=torch.int64, device=device)
     _tail_kernel[(rows,)](s, t, nv, n, N_P=triton.next_power_of_2(n), LIBDEVICE=libdevice_exp())
-    return t.cpu(), nv.cpu()
+    return t.to(home), nv.to(home)  # back where the scores came from

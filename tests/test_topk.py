@@ -428,3 +428,33 @@ def test_output_error_bounds_cover_subnormal_tail_probabilities(backend, x, m, h
     res = topk.output_error_bound(s, V, h, backend=backend)
     for b in (res.diameter, res.variance, res.norm):
         assert exact <= float(b)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "triton", "auto"])
+def test_tail_mass_and_certificates_are_computed_where_the_scores_are(backend):
+    """Inside ``with torch.device("meta")`` a tensor made without an explicit device has no
+    values and cannot mix with CPU tensors: a run on CPU scores there fails wherever the
+    certificate creates a tensor that does not follow its scores (what would break on a
+    GPU); outside it, the same numbers, on the scores' device."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    s = torch.randn(5, 9, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 3
+    s[1, :4] = float("-inf")
+    plain = (topk.tail_mass(s, 3, rounding="up", backend=backend), topk.certify_topk(s, 0.05, backend=backend))
+    with torch.device("meta"):
+        here = (topk.tail_mass(s, 3, rounding="up", backend=backend), topk.certify_topk(s, 0.05, backend=backend))
+    assert here[0].device.type == "cpu" and torch.equal(here[0], plain[0])
+    for f in ("k", "tail_upper", "tail_lower_prev", "minimal_proved"):
+        a, b = getattr(here[1], f), getattr(plain[1], f)
+        assert a.device.type == "cpu" and torch.equal(a, b), f
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["torch", "numba", "triton", "auto"])
+def test_cuda_scores_give_cuda_certificates_equal_in_k_to_the_cpu(backend):
+    s = torch.randn(64, 128, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 4
+    cpu = topk.certify_topk(s, 0.01, backend="numba")
+    gpu = topk.certify_topk(s.cuda(), 0.01, backend=backend)
+    assert gpu.k.device.type == "cuda" and gpu.tail_upper.device.type == "cuda"
+    # proved bounds from another summation order: k may differ only where a tail sits at eps
+    assert (gpu.tail_upper.cpu() <= 0.01).all() and ((gpu.k.cpu() - cpu.k).abs() <= 1).all()
