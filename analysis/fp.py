@@ -268,11 +268,17 @@ def softmax(x, algorithm: str = "three_pass", dtype: str = "float32", block: int
     """Softmax of the 1-D score vector x, computed by ``algorithm`` in ``dtype`` arithmetic.
 
     x is first rounded to ``dtype`` (the result is the softmax of the rounded input). Returns
-    an array of that dtype (float16 as np.float16; bfloat16 as float32 holding bfloat16 values).
+    an array of that dtype (float16 as np.float16; bfloat16 as float32 holding bfloat16 values):
+    this is a bit-level emulation of the algorithm on the host, so a tensor on any device is
+    read there and the result is a numpy array.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     _check_dtype(dtype)
+    if hasattr(x, "detach") and hasattr(x, "is_meta"):  # a torch tensor: np.asarray refuses a CUDA one
+        if x.is_meta:
+            raise ValueError("x: a meta tensor carries no values")
+        x = x.detach().cpu().numpy()
     x = np.asarray(x)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"x must be a non-empty 1-D array, got shape {x.shape}")
@@ -926,7 +932,8 @@ def attention(q, k, v, block: int = 128, backend: str = "numba", *, mask=None,
 
     q (..., nq, d), k (..., n, d), v (..., n, dv): float32, or float16/bfloat16 lifted exactly
     into float32 (the computation, ``out`` and the bound are float32's; O is the exact
-    attention of the given values). Torch tensors or numpy arrays (results follow q's type),
+    attention of the given values). Torch tensors or numpy arrays (results follow q's type and
+    device),
     equal leading axes, n <= 2^20. ``block``: keys per tile. ``backend``: "numba"
     (``kernels.attention``) or "triton" (``kernels.triton_attention``, interpreted on CPU).
     ``mask``: bool broadcastable to (..., nq, n), True = attend (torch's boolean attn_mask);
@@ -960,7 +967,9 @@ def attention(q, k, v, block: int = 128, backend: str = "numba", *, mask=None,
     if was_torch:
         import torch
 
-        out, bound, rescales = (torch.from_numpy(np.ascontiguousarray(x)) for x in (out, bound, rescales))
+        # on q's device (the bound is computed on the host: kernels.attention, or Triton's
+        # scores reduced there)
+        out, bound, rescales = (torch.from_numpy(np.ascontiguousarray(x)).to(q.device) for x in (out, bound, rescales))
     lifted = tuple(f"{name} ({t})" for name, t in zip("qkv", (qt, kt, vt)) if t in HALF_DTYPES)
     return AttentionResult(out, bound, rescales, int(block), backend,
                            assumptions=attention_assumptions(ulps, exp_source, lifted, masked),

@@ -224,3 +224,14 @@ def test_formats_use_the_constants_of_kernels_floating():
                        ("bfloat16", floating.UBF16, floating.QBF16)):
         assert fp.FORMATS[name].u == u and fp.FORMATS[name].q == q
     assert fp.F16_MAX == 65504.0 and fp.BF16_MAX == float.fromhex("0x1.fep127")
+
+
+def test_softmax_reads_a_tensor_on_any_device_and_refuses_a_meta_one():
+    import torch
+
+    from softcert.analysis import fp as fp_mod
+
+    x = torch.tensor([0.5, -1.0, 2.0])
+    np.testing.assert_array_equal(fp_mod.softmax(x), fp_mod.softmax(x.numpy()))  # the same emulation
+    with pytest.raises(ValueError, match="meta"):
+        fp_mod.softmax(torch.zeros(3, device="meta"))
