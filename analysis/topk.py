@@ -52,6 +52,7 @@ from scipy.special import ndtr, ndtri
 from softcert.bounds.box import as_float64, validate_scores
 from softcert.kernels import topk as ktopk
 from softcert.kernels.floating import EXP_ABS, RHO_WEIGHT, SUBNORMAL_ULP, U64, gamma
+from softcert.kernels.placement import auto_backend
 
 BACKENDS = ("auto", "torch", "numba", "triton")
 METHOD = "sorted tail sums, outward rounded"
@@ -74,13 +75,7 @@ def _backend(backend, triton: bool = False, device: torch.device | None = None) 
                          "output_error_bound only; use 'numba' or 'torch' here")
     if backend != "auto":
         return backend
-    if triton and device is not None and device.type == "cuda":
-        try:
-            import triton as _  # noqa: F401
-        except ImportError:
-            return "numba"
-        return "triton"
-    return "numba"
+    return auto_backend(device) if triton else "numba"
 
 
 def _device(scores) -> torch.device:

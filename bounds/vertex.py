@@ -25,7 +25,18 @@ from dataclasses import dataclass, field
 import torch
 
 from softcert.bounds.box import coefficient_box
-from softcert.kernels.floating import EXP_REL, EXP_ZERO_ARG, TINY, U64, dot_error, first_step, term_rel
+from softcert.kernels.floating import (
+    EXP_REL,
+    EXP_ZERO_ARG,
+    TINY,
+    U64,
+    a_priori_step,
+    dot_error,
+    first_step,
+    gamma,
+    term_rel,
+)
+from softcert.kernels.placement import auto_backend
 
 ASSUMPTIONS = (
     "real-arithmetic optimum over the box lower <= s <= upper; float64 with outward rounding; "
@@ -72,7 +83,7 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
     n = c.shape[-1]
     c2, lo2, hi2 = (t.reshape(-1, n) for t in (c, lo, hi))
     if backend == "auto":
-        backend = _auto_backend(c.device)
+        backend = auto_backend(c.device)
     if backend == "numba":  # the kernel scales each row itself (same _normalise)
         from softcert.kernels.vertex import vertex_bounds
 
@@ -93,18 +104,6 @@ def vertex_softmax(c, lower, upper, *, backend: str = "auto") -> VertexBounds:
         neg_low, lo_mask = _max_with_vertex(-c2, lo2, hi2)
     low, up = _denormalise(-neg_low, k, -1.0), _denormalise(up, k, 1.0)
     return _result(low, up, torch.where(lo_mask, hi2, lo2), torch.where(up_mask, hi2, lo2), c.shape)
-
-
-def _auto_backend(device: torch.device) -> str:
-    """Where the data is: the Triton kernel on CUDA tensors (when triton is installed: the
-    optional ``triton`` extra), Numba on the CPU."""
-    if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return "numba"
-        return "triton"
-    return "numba"
 
 
 def _result(low, up, lower_vertex, upper_vertex, shape) -> VertexBounds:
@@ -167,10 +166,7 @@ def _prove_proposal(c, lo, hi, value, theta, robust, tries: int = 2):
     top = torch.where(active, hi, ninf).amax(-1, keepdim=True)
     spread = torch.where(torch.isneginf(lo), torch.zeros_like(lo), top - lo)
     rel_max = term_rel(spread.amax(-1).clamp(max=EXP_ZERO_ARG))
-    n = c.shape[-1]
-    nu = (n + 1) * U64
-    step = 3.03 * (rel_max + nu / (1 - nu)) * (1 + rel_max) * (cmax - cmin)
-    step = step + 2 * U64 * value.abs() + TINY * (1 + scale)
+    step = a_priori_step(rel_max, gamma(c.shape[-1] + 1), cmax, cmin, value, scale)
     bound = cmax.clone()
     proved = value >= cmax
     for _ in range(tries):

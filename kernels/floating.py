@@ -91,6 +91,17 @@ def first_step(g_pos, err, d_sum, value, scale):
     return (g_pos + 2 * err) / d_sum + 2 * U64 * abs(value) + TINY * (1 + scale)
 
 
+def a_priori_step(rel_max, gamma_n1, cmax, cmin, value, scale):
+    """First widening of a proposed Vertex-Softmax value before any certificate is evaluated:
+    3.03 (ρ + γ_{n+1})(1 + ρ)(cmax - cmin) + 2u|λ| + TINY (1 + scale), ρ = ``rel_max``.
+
+    Every term of g has |t_i| <= (cmax - cmin) w_i, so g's rounding error is at most about
+    (ρ + γ_{n+1})(cmax - cmin) D; three times that per unit D usually proves the bound at the
+    first trial (the trial is still checked). Floats and torch tensors alike (the Numba
+    kernel and the torch prover of ``bounds.vertex`` use it)."""
+    return 3.03 * (rel_max + gamma_n1) * (1 + rel_max) * (cmax - cmin) + (2 * U64 * abs(value) + TINY * (1 + scale))
+
+
 #: relative error of one weight exp(fl(s - m)) with |s - m| <= 746 (EXP_REL of the exp, plus
 #: the rounding of its argument: |fl(d) - d| <= u|d| <= 746u moves exp by at most 747u)
 RHO_WEIGHT = EXP_REL + 747 * U64 * 1.001

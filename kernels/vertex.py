@@ -47,6 +47,7 @@ NEG_INF = -np.inf
 _term_rel = njit(cache=True)(floating.term_rel)
 _dot_error = njit(cache=True)(floating.dot_error)
 _first_step = njit(cache=True)(floating.first_step)
+_a_priori_step = njit(cache=True)(floating.a_priori_step)
 
 
 @njit(cache=True)
@@ -143,17 +144,10 @@ def _prove_above(sign, c, lo, hi, a, b, xa, xb, value, step, shifted, cmax):
 
 @njit(cache=True)
 def _certify_fast(sign, c, lo, hi, a, b, xa, xb, value, cmax, cmin, scale, xmax):
-    """As ``_certify``, with the first step taken from an a priori error estimate.
-
-    Every term of g has |t_i| <= (cmax - cmin) w_i, so the rounding error of g is at most
-    about (rel_max + γ_{n+1}) (cmax - cmin) D; a step of three times that per unit D
-    usually proves the bound at the first trial. The trial is still checked by ``_gap``.
-    """
-    n = c.shape[0]
-    rel_max = _term_rel(xmax)
-    nu = (n + 1) * U64
-    step = 3.03 * (rel_max + nu / (1.0 - nu)) * (1 + rel_max) * (cmax - cmin)
-    step += 2 * U64 * abs(value) + TINY * (1 + scale)
+    """As ``_certify``, with the first step taken from an a priori error estimate
+    (``floating.a_priori_step``); the trial is still checked by ``_gap``."""
+    nu = (c.shape[0] + 1) * U64
+    step = _a_priori_step(_term_rel(xmax), nu / (1.0 - nu), cmax, cmin, value, scale)
     return _prove_above(sign, c, lo, hi, a, b, xa, xb, value, step, False, cmax)
 
 
@@ -335,8 +329,7 @@ def _prove_once(sign, c, a, b, value, bounds, scale, errors, sums, tries):
     if value >= cmax:  # max c bounds any convex combination; the iteration reached it
         return cmax, True
     rel_max, gam = errors
-    step = 3.03 * (rel_max + gam) * (1 + rel_max) * (cmax - cmin)
-    step += 2 * U64 * abs(value) + TINY * (1 + scale)
+    step = _a_priori_step(rel_max, gam, cmax, cmin, value, scale)
     num, den, m = sums
     cabs = max(abs(cmax), abs(cmin))
     for _ in range(tries):
