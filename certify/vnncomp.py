@@ -143,10 +143,10 @@ def _dtype_of(model, name):
     return np.dtype(helper.tensor_dtype_to_np_dtype(types[name]))
 
 
-def _np_dtype(network):
-    """The inputs' dtype, or with several the narrowest float one: its values are exact in
-    every input's own dtype (float16 in float32 in float64), so a point of it is an input."""
-    dtypes = [_dtype_of(p.model, name) for p in network.parts for name, _, _ in p.inputs]
+def _np_dtype(dtypes):
+    """The inputs' dtype (``dtypes``: every input's), or with several the narrowest float one:
+    its values are exact in every input's own dtype (float16 in float32 in float64), so a
+    point of it is an input."""
     if all(d.kind == "f" for d in dtypes):
         return min(dtypes, key=lambda d: d.itemsize)
     return dtypes[0]
@@ -161,9 +161,11 @@ class _Runtime:
     model after model) are concatenated, as in the graph."""
 
     def __init__(self, network):
-        self.network, self.dtype, self.session, self.boxes = network, _np_dtype(network), None, {}
-        self.floating = all(_dtype_of(p.model, name).kind == "f" and _dtype_of(p.model, name).itemsize in (2, 4, 8)
-                            for p in network.parts for name, _, _ in p.inputs)
+        #: per part, each input's dtype (read once: ``run`` casts to them on every call)
+        self.input_dtypes = [[_dtype_of(p.model, name) for name, _, _ in p.inputs] for p in network.parts]
+        flat = [d for ds in self.input_dtypes for d in ds]
+        self.network, self.dtype, self.session, self.boxes = network, _np_dtype(flat), None, {}
+        self.floating = all(d.kind == "f" and d.itemsize in (2, 4, 8) for d in flat)
 
     def box(self, region):
         if id(region) not in self.boxes:
@@ -192,9 +194,9 @@ class _Runtime:
         value is not a float (then nothing is confirmed)."""
         x, outs = np.asarray(x).reshape(-1), []
         try:
-            for p, sessions in zip(self.network.parts, self._sessions()):
-                feeds = {name: x[list(pos)].astype(_dtype_of(p.model, name)).reshape(shape)
-                         for name, shape, pos in p.inputs}
+            for p, sessions, dtypes in zip(self.network.parts, self._sessions(), self.input_dtypes):
+                feeds = {name: x[list(pos)].astype(dtype).reshape(shape)
+                         for (name, shape, pos), dtype in zip(p.inputs, dtypes)}
                 names = [name for name, _ in p.outputs]
                 k = len(names) - len(p.hidden)
                 outs += sessions[0].run(names[:k], feeds)

@@ -225,6 +225,7 @@ def gemm64_check(dev: str = "cuda", n: int = 256, matmul=None) -> dict:
     fixed-point emulated GEMM (cuBLAS float64 emulation: about 55 bits relative to a row's
     largest entry) loses the small products' bits and exceeds the bound. ``matmul``: the
     product to check (default torch's on ``dev``)."""
+    from softcert.certify.spec import EMULATION_SETTINGS
     from softcert.kernels.floating import gamma
 
     g = torch.Generator().manual_seed(0)
@@ -235,7 +236,7 @@ def gemm64_check(dev: str = "cuda", n: int = 256, matmul=None) -> dict:
     bound = 2.02 * gamma(n) * (a.abs() @ b.abs())  # 2.02: the CPU's own rounding of |A||B| too
     ratio = (c - a @ b).abs() / bound
     return {"n": n, "max_err_over_bound": float(ratio.max()), "violations": int((ratio > 1).sum()),
-            "emulation_setting": os.environ.get("CUBLAS_EMULATE_DOUBLE_PRECISION", "(unset)")}
+            "emulation_setting": os.environ.get(EMULATION_SETTINGS[0], "(unset)")}
 
 
 def certify_probe(dev: str = "cuda") -> dict:
