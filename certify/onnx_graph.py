@@ -31,7 +31,7 @@ import copy
 import gzip
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -79,6 +79,12 @@ class OnnxNetwork:
     @property
     def n_outputs(self) -> int:
         return math.prod(self.output_shape)
+
+    def to(self, device) -> OnnxNetwork:
+        """This network with its graph's constants on ``device`` (``Graph.to``: self when they
+        are there already); the ONNX models, which onnxruntime runs on the CPU, are the same."""
+        graph = self.graph.to(device)
+        return self if graph is self.graph else replace(self, graph=graph)
 
 
 def forward(network: OnnxNetwork, x) -> torch.Tensor:

@@ -28,6 +28,11 @@ Several inputs, outputs, hidden values or networks (``certify.vnnlib_binding``):
 input and output are their flat concatenations (``OnnxNetwork.parts``), so everything above
 runs unchanged; onnxruntime runs each model on its inputs' positions of x, the hidden values
 from a copy of the model that exposes them, and y is the concatenation in the same order.
+Device (``solve(..., device=)``, issue 30): the bounds, the branch and bound and the attack's
+PGD run where the graph is moved (default: where its constants are, the CPU for a graph read
+from a file); the random starts are drawn on the CPU (the same on every device), and a
+counterexample is confirmed by onnxruntime on the CPU, in the model's own dtype, wherever
+it was found.
 """
 from __future__ import annotations
 
@@ -158,9 +163,11 @@ class _Runtime:
     models' bytes), and each region's attack box: the points of ``dtype`` (``_np_dtype``)
     inside the box as written (``Region.inner_box``), or None when there are none. Each
     model's inputs are read from x at their positions, and the outputs (hidden values last,
-    model after model) are concatenated, as in the graph."""
+    model after model) are concatenated, as in the graph. ``device``: where the attack
+    evaluates the graph (``network``'s graph must be there; default the CPU)."""
 
-    def __init__(self, network):
+    def __init__(self, network, device=None):
+        self.device = torch.device("cpu" if device is None else device)
         #: per part, each input's dtype (read once: ``run`` casts to them on every call)
         self.input_dtypes = [[_dtype_of(p.model, name) for name, _, _ in p.inputs] for p in network.parts]
         flat = [d for ds in self.input_dtypes for d in ds]
@@ -221,13 +228,13 @@ def onnx_output(network: OnnxNetwork, x) -> np.ndarray:
 
 
 def _violation(y, region):
-    """min over disjuncts of max_r (mat_r·y - rhs_r): <= 0 iff y satisfies the region."""
+    """min over disjuncts of max_r (mat_r·y - rhs_r): <= 0 iff y satisfies the region (on y's device)."""
     out = []
     for mat, rhs in region.disjuncts:
         if len(rhs) == 0:
-            out.append(torch.full((y.shape[0],), -torch.inf, dtype=F64))
+            out.append(torch.full((y.shape[0],), -torch.inf, dtype=F64, device=y.device))
             continue
-        m, r = torch.as_tensor(mat, dtype=F64), torch.as_tensor(rhs, dtype=F64)
+        m, r = torch.as_tensor(mat, dtype=F64, device=y.device), torch.as_tensor(rhs, dtype=F64, device=y.device)
         out.append((y @ m.T - r).max(-1).values)
     return torch.stack(out, -1).min(-1).values
 
@@ -236,7 +243,7 @@ def _attack(rt, region, box, deadline, gen, restarts=8, steps=40, starts=None):
     """A counterexample (x, y) confirmed by ``_check``, or None. PGD on the float64 graph
     within ``box`` (lo, hi), a part of the region's input box, intersected with the region's
     attack box (points of the box as written). ``starts`` (P, n): start points (default: the
-    centre and random points)."""
+    centre and random points, drawn on the CPU by ``gen``). PGD runs on ``rt.device``."""
     inner = rt.box(region)
     if inner is None:
         return None  # no input of the model's dtype lies in the box as written
@@ -244,13 +251,14 @@ def _attack(rt, region, box, deadline, gen, restarts=8, steps=40, starts=None):
     if np.any(lo > hi):
         return None
     n = lo.shape[0]
-    lo_t, hi_t = torch.as_tensor(lo, dtype=F64), torch.as_tensor(hi, dtype=F64)
+    lo_t, hi_t = torch.as_tensor(lo, dtype=F64, device=rt.device), torch.as_tensor(hi, dtype=F64, device=rt.device)
     width = hi_t - lo_t
     if starts is None:
-        x = lo_t + width * torch.rand(restarts, n, dtype=F64, generator=gen)
+        x = lo_t + width * torch.rand(restarts, n, dtype=F64, generator=gen, device=gen.device).to(rt.device)
         x[0] = lo_t + width / 2
     else:
-        x = torch.minimum(torch.maximum(torch.as_tensor(starts, dtype=F64).reshape(-1, n), lo_t), hi_t)
+        starts = torch.as_tensor(starts, dtype=F64).to(rt.device)
+        x = torch.minimum(torch.maximum(starts.reshape(-1, n), lo_t), hi_t)
         restarts = x.shape[0]
     step = 2.5 * width / steps
     for k in range(steps + 1):
@@ -259,7 +267,7 @@ def _attack(rt, region, box, deadline, gen, restarts=8, steps=40, starts=None):
         x = x.detach().requires_grad_(True)
         v = _violation(forward(rt.network, x).reshape(restarts, -1), region)
         for i in torch.nonzero(v <= 0).flatten().tolist():
-            found = _check(rt, region, x[i].detach().numpy())
+            found = _check(rt, region, x[i].detach().cpu().numpy())
             if found is not None:
                 return found
         if k == steps:
@@ -307,17 +315,18 @@ def _spec(region, n_out):
     return (np.array(rows).reshape(len(rows), n_out), np.array(rhs, dtype=np.float64), np.array(owner, dtype=np.int64))
 
 
-def _proved(network, region, boxes, method):
-    """Per box: is every disjunct infeasible on it?"""
+def _proved(network, region, boxes, method, device):
+    """Per box: is every disjunct infeasible on it? Bounded on ``device`` (the graph's)."""
     mat, rhs, owner = _spec(region, network.n_outputs)
     nd = len(region.disjuncts)
     if any(len(r) == 0 for _, r in region.disjuncts):
         return [False] * len(boxes)
-    xl = torch.as_tensor(np.stack([b[0] for b in boxes]), dtype=F64).reshape(len(boxes), *network.input_shape)
-    xu = torch.as_tensor(np.stack([b[1] for b in boxes]), dtype=F64).reshape(len(boxes), *network.input_shape)
-    C = torch.as_tensor(mat, dtype=F64).reshape(1, len(rhs), *network.output_shape).expand(len(boxes), -1,
-                                                                                          *network.output_shape)
-    lo = lower_bounds(network.graph, xl, xu, C, method).numpy()
+    shape = (len(boxes), *network.input_shape)
+    xl = torch.as_tensor(np.stack([b[0] for b in boxes]), dtype=F64, device=device).reshape(shape)
+    xu = torch.as_tensor(np.stack([b[1] for b in boxes]), dtype=F64, device=device).reshape(shape)
+    C = torch.as_tensor(mat, dtype=F64, device=device).reshape(1, len(rhs), *network.output_shape).expand(
+        len(boxes), -1, *network.output_shape)
+    lo = lower_bounds(network.graph, xl, xu, C, method).cpu().numpy()
     infeasible = lo > rhs[None, :]  # (B, S)
     out = []
     for b in range(len(boxes)):
@@ -327,10 +336,23 @@ def _proved(network, region, boxes, method):
     return out
 
 
+def _bounding_device(network, device) -> torch.device:
+    """``device`` as a torch.device (ValueError naming it when torch reads no device there),
+    or for None the device of the graph's constants (the CPU for a graph without any)."""
+    if device is None:
+        return network.graph.device or torch.device("cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device: {device!r} is not a device (expected e.g. 'cpu', 'cuda' or 'cuda:0')") from None
+
+
 def solve(network: OnnxNetwork, regions, timeout: float, method: str = "auto", *, max_boxes: int = 64,
-          seed: int = 0) -> Verdict:
+          seed: int = 0, device=None) -> Verdict:
     """Decide the property (``regions``: a ``certify.vnnlib.Property`` or Regions) on
-    ``network`` within ``timeout`` seconds. See the module docstring for the meaning."""
+    ``network`` within ``timeout`` seconds. See the module docstring for the meaning.
+    ``device``: where to bound and attack (the graph is moved there, ``OnnxNetwork.to``);
+    None: where the graph's constants are (the CPU for a graph without any)."""
     start = time.monotonic()
     if isinstance(regions, Property):
         regions = regions.regions
@@ -352,8 +374,10 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "auto", *
             raise ValueError(f"regions: region {k} has a non-finite or empty input box")
     deadline = start + float(timeout)
     method = chosen_method(network, method)
-    gen = torch.Generator().manual_seed(seed)
-    rt = _Runtime(network)
+    device = _bounding_device(network, device)
+    network = network.to(device)
+    gen = torch.Generator().manual_seed(seed)  # on the CPU: the same starts on every device
+    rt = _Runtime(network, device)
 
     def verdict(result, cex=None, boxes=0):
         return Verdict(result, cex, time.monotonic() - start, method, ASSUMPTIONS, boxes)
@@ -380,7 +404,7 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "auto", *
                     continue
                 nboxes += len(batch)
                 budget -= len(batch)
-                for (lo, hi), ok in zip(batch, _proved(network, r, batch, method)):
+                for (lo, hi), ok in zip(batch, _proved(network, r, batch, method, device)):
                     if ok:
                         continue
                     # the full attack on the whole box, a light one on its parts
@@ -403,8 +427,9 @@ def solve(network: OnnxNetwork, regions, timeout: float, method: str = "auto", *
 
 def _solve_bab(rt, regions, deadline, gen, verdict):
     """Each region by ``certify.bab.branch_and_bound``: one group of rows per disjunct (a
-    disjunct is infeasible on a leaf when one of its rows, or their sum, is proved)."""
-    network = rt.network
+    disjunct is infeasible on a leaf when one of its rows, or their sum, is proved). On
+    ``rt.device``, where ``rt.network``'s graph is."""
+    network, device = rt.network, rt.device
     unknown, leaves = False, 0
     for r in regions:
         if any(len(rhs) == 0 for _, rhs in r.disjuncts):
@@ -412,9 +437,9 @@ def _solve_bab(rt, regions, deadline, gen, verdict):
             continue
         mat, rhs, owner = _spec(r, network.n_outputs)
         shape = tuple(network.input_shape)
-        xl = torch.as_tensor(r.lower, dtype=F64).reshape(1, *shape)
-        xu = torch.as_tensor(r.upper, dtype=F64).reshape(1, *shape)
-        C = torch.as_tensor(mat, dtype=F64).reshape(len(rhs), *network.output_shape)
+        xl = torch.as_tensor(r.lower, dtype=F64, device=device).reshape(1, *shape)
+        xu = torch.as_tensor(r.upper, dtype=F64, device=device).reshape(1, *shape)
+        C = torch.as_tensor(mat, dtype=F64, device=device).reshape(len(rhs), *network.output_shape)
 
         def falsify(starts, r=r):
             try:

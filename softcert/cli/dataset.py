@@ -14,6 +14,8 @@ same restarts wherever it runs). ``run`` executes the tasks
 - on an existing Dask cluster at ``scheduler`` (its workers need softcert installed and the
   model files at the same paths);
 
+with ``Job.device`` (``--device``) the device each task bounds on; with plain ``cuda`` each
+Dask worker takes its own CUDA device (``task_device``: worker i on cuda:(i mod the count));
 and appends every record to the results store (``softcert.cli.store``) as its task
 completes, so a killed run loses no finished image; ``resume=True`` skips the
 (image, eps, method) triples already stored. The evaluations returned are rebuilt from the
@@ -28,6 +30,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -43,7 +46,7 @@ from softcert.cli.store import Store
 from softcert.cli.store import load as load_store
 
 __all__ = ["Job", "RunResult", "add_arguments", "certify_sample", "load", "record_from_json", "record_to_json", "run",
-           "validate_result"]
+           "task_device", "validate_result"]
 
 _MODELS: dict = {}  # (spec, data, allow_pickle) -> (model, x_test, y_test, label): one load per process
 
@@ -206,7 +209,7 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
     start = time.perf_counter()
     torch.set_num_threads(1)
     model, x, y, _ = load(spec, job.data, job.allow_pickle)
-    model, x, y = devices.on_device(model, x[index:index + 1], y[index:index + 1], devices.device_of(job.device))
+    model, x, y = devices.on_device(model, x[index:index + 1], y[index:index + 1], task_device(job))
     out = []
     for eps, methods in todo:
         # anything drawing from the global generator draws per image; the caller's state is kept
@@ -218,6 +221,31 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
     # where and how long the whole task ran (PGD included): the scaling model's t_task
     where = {"worker": f"{socket.gethostname()}:{os.getpid()}", "task_seconds": time.perf_counter() - start}
     return [{**r, **where} for r in out]
+
+
+def task_device(job: Job) -> torch.device:
+    """Where this task bounds: ``job.device`` (``devices.device_of``), on a Dask worker
+    spread over the CUDA devices by the worker's index (``devices.worker_device``)."""
+    return devices.worker_device(devices.device_of(job.device), worker_index())
+
+
+def worker_index() -> int | None:
+    """The index of the Dask worker running this task: its name when that is an integer (a
+    LocalCluster names its workers 0..N-1; ``dask worker --name 3``), else None (not on a Dask
+    worker, or a worker named otherwise). Dask is looked up only where a worker imported it."""
+    dd = sys.modules.get("distributed")
+    if dd is None:
+        return None
+    try:
+        name = dd.get_worker().name
+    except ValueError:  # distributed's "No worker found": this process runs no task of a worker
+        return None
+    if isinstance(name, bool):
+        return None
+    try:
+        return int(name)
+    except (TypeError, ValueError):
+        return None
 
 
 def _where(spec):

@@ -27,7 +27,7 @@ def configure(parser):
     parser.add_argument("--n", type=int, default=10, help="first n test images")
     parser.add_argument("--out", default="docs/certify")
     dataset.add_arguments(parser, "OUT/store.jsonl")
-    devices.add_argument(parser)
+    devices.add_argument(parser, workers=True)
 
 
 def run(args) -> int:

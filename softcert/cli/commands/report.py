@@ -15,6 +15,9 @@ Stages (each with a progress bar, wall time recorded in manifest.json):
               W = K Qᵀ/sqrt(d_h) (Hopfield-style retrieval with the attention-mixed query);
 6. appendix — sympy derivations (softcert.cli.appendix);
 then report.md / report.tex / figures / results.json / manifest.json (softcert.cli.render).
+``--device cuda`` bounds the certify stage (its Dask workers too: softcert.cli.dataset), the
+preflight, the Vertex-Softmax proof records' boxes and the bab stage on a GPU
+(softcert.cli.devices); the radii, top-k, fp and feedback stages analyse on the CPU.
 results.json follows softcert.cli.records (records, section digests, sealed manifest);
 ``softcert check`` re-checks every record and re-derives the tables from them.
 Test data: the bundled split, or ``--data`` (softcert.cli.modelio.load_test_set).
@@ -62,7 +65,7 @@ TINY = Settings("tiny", 2, (0.02,), ("ibp", "crown", "vertex"), 2, 16, 2, 2, (0.
 
 
 def configure(parser) -> None:
-    from softcert.cli import dataset, model_formats
+    from softcert.cli import dataset, devices, model_formats
 
     model_formats.add_arguments(parser, "digits-vit1", many=False)
     parser.add_argument("--out", default="report", help="output folder")
@@ -80,6 +83,8 @@ def configure(parser) -> None:
                         help="also measure top-k and FP bounds on the bundled MiniLM sentence model's attention")
     parser.add_argument("--no-minilm", action="store_true", help=argparse_suppress())  # the default since 2026-12-05
     dataset.add_arguments(parser, "OUT/certify-store.jsonl")  # the certify stage runs image by image
+    devices.add_argument(parser, "the model and the images of the certify and bab stages (the radii, top-k, fp and "
+                                 "feedback stages stay on the CPU)", workers=True)
 
 
 def argparse_suppress():
@@ -112,9 +117,13 @@ def _bar(total, desc):
 
 
 # ----------------------------------------------------------------------------- 1. certify
-def stage_certify(model, x, y, st: Settings, records: list, ev=None):
+def stage_certify(model, x, y, st: Settings, records: list, ev=None, device=None):
     """``ev``: the ``certify.Evaluation`` of (x, y) when a dataset run made it already
-    (``softcert.cli.dataset``, as ``run`` does); None evaluates it here in one batch."""
+    (``softcert.cli.dataset``, as ``run`` does); None evaluates it here in one batch.
+    ``device``: where to bound (``softcert.cli.devices``; None: the CPU); the tables are
+    made on the CPU."""
+    from softcert.cli import devices
+
     bar = _bar(len(st.eps) * (1 if ev is not None else len(st.methods) + 2), "certify")
 
     def advance(done, total, what):
@@ -123,7 +132,7 @@ def stage_certify(model, x, y, st: Settings, records: list, ev=None):
 
     # attack -> verify -> cross-check; a PGD-contradicted certificate raises SoundnessError
     if ev is None:
-        ev = certify.evaluate(model, x, y, st.eps, st.methods, progress=advance)
+        ev = certify.evaluate(*devices.on_device(model, x, y, device), st.eps, st.methods, progress=advance)
     by_image = {r.index: r.correct for r in ev.records}
     correct = torch.tensor([by_image[i] for i in range(len(y))])
     first = x[correct][:1] if bool(correct.any()) else x[:1]  # the box is a valid proof input either way
@@ -150,7 +159,7 @@ def stage_certify(model, x, y, st: Settings, records: list, ev=None):
                              note=verified[0].note if verified else "no correctly classified image"))
             verdicts += [_verdict_record(r) for r in rs]
         bar.set_postfix_str(f"eps={eps} vertex records")
-        _vertex_records(model, first, eps, st.vertex_rows, rng, records)
+        _vertex_records(model, first, eps, st.vertex_rows, rng, records, device)
         bar.update(1)
     bar.close()
     records += verdicts
@@ -169,16 +178,18 @@ def _verdict_record(r) -> dict:
         pgd_counterexample=r.correct and not r.robust))
 
 
-def _vertex_records(model, xb, eps, n_rows, rng, records):
+def _vertex_records(model, xb, eps, n_rows, rng, records, device):
     """Vertex-Softmax proof records for sampled rows of the first attention layer at image ``xb``.
 
-    The score and value boxes are the verifier's own (``certify.attention_boxes``, method vertex).
+    The score and value boxes are the verifier's own (``certify.attention_boxes``, method vertex),
+    bounded on ``device``; the records' bounds are computed from them on the CPU.
     """
     from softcert.bounds import vertex_softmax
     from softcert.certify import attention_boxes
+    from softcert.cli import devices
 
-    box = attention_boxes(model, xb.double(), eps, method="vertex")[0]
-    (yl, yu), (vl, vu) = box.shifted, box.values
+    box = attention_boxes(devices.model_on(model, device), xb.double().to(device or "cpu"), eps, method="vertex")[0]
+    (yl, yu), (vl, vu) = (t.cpu() for t in box.shifted), (t.cpu() for t in box.values)
     H, N = yl.shape[1], yl.shape[2]
     for r in range(n_rows):
         h, q = int(rng.integers(H)), int(rng.integers(N))
@@ -196,22 +207,24 @@ def _vertex_records(model, xb, eps, n_rows, rng, records):
             min=float(vb.lower), max=float(vb.upper))))
 
 
-def stage_bab(model, x, y, st: Settings, methods, timeout, ev) -> list:
+def stage_bab(model, x, y, st: Settings, methods, timeout, ev, device=None) -> list:
     """Branch and bound (``certify.verify(..., "bab")``) per eps and complete method on the
-    certify stage's images, ``timeout`` seconds per image: per image its status (certified /
-    falsified / unknown), seconds and leaves. A bab certificate for an image that the certify
-    stage's PGD broke raises SoundnessError."""
+    certify stage's images, ``timeout`` seconds per image, on ``device`` (None: the CPU): per
+    image its status (certified / falsified / unknown), seconds and leaves. A bab certificate
+    for an image that the certify stage's PGD broke raises SoundnessError."""
     from softcert.certify.options import BabOptions
+    from softcert.cli import devices
 
     rows = []
     if not methods:
         return rows
+    model, x, y = devices.on_device(model, x.double(), y, device)
     bar = _bar(len(st.eps) * len(methods), "bab")
     for eps in st.eps:
         broken = {r.index for r in ev.records if r.eps == eps and r.correct and not r.robust}
         for meth in methods:
             bar.set_postfix_str(f"eps={eps} {meth}")
-            r = certify.verify(model, x.double(), y, eps, meth, options=BabOptions(timeout=timeout))
+            r = certify.verify(model, x, y, eps, meth, options=BabOptions(timeout=timeout))
             status = list(r.status)
             for b in broken:
                 if status[b] == "certified":
@@ -459,16 +472,20 @@ def model_config(model, att) -> dict:
             "depth": int(s.shape[1]), "heads": math.prod(s.shape[2:-2]), "tokens": int(s.shape[-1])}
 
 
-def preflight(model, x, y, methods) -> tuple:
+def preflight(model, x, y, methods, device=None) -> tuple:
     """(the methods that bound one image, {method: why} for those that raise): a baseline
-    that cannot handle the model becomes a row saying why, never an aborted report."""
+    that cannot handle the model becomes a row saying why, never an aborted report. Bounded
+    on ``device`` (None: the CPU), where the certify stage bounds."""
+    from softcert.cli import devices
+
+    model, x, y = devices.on_device(model, x[:1], y[:1], device)
     ran, failed = [], {}
     for m in methods:
         if certify.METHODS[m].complete:
             ran.append(m)  # bab runs per image in its own stage, with its own failures
             continue
         try:
-            certify.verify(model, x[:1], y[:1], 1e-3, method=m)
+            certify.verify(model, x, y, 1e-3, method=m)
         except certify.SoundnessError:
             raise
         except Exception as exc:  # noqa: BLE001  (a baseline's own bug: reported in the table)
@@ -521,13 +538,14 @@ def settings_for(args) -> Settings:
 
 
 def run(args) -> int:
-    from softcert.cli import appendix, common, dataset, render
+    from softcert.cli import appendix, common, dataset, devices, render
     from softcert.cli.modelio import load_model
 
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(SEED)
     st = settings_for(args)
+    device = devices.device_of(args.device)  # refused by name before anything loads
     out = Path(args.out)
     timer = Timer()
     t_all = time.perf_counter()
@@ -535,7 +553,7 @@ def run(args) -> int:
         model, xte, yte, label = load_model(args.model, data=args.data, allow_pickle=args.allow_pickle)
         x, y = xte[: max(st.n_images, st.radius_images)], yte[: max(st.n_images, st.radius_images)]
         att = certify.attention_scores(model, x[: max(8, st.n_images)])
-        methods, failed = preflight(model, x, y, st.methods)
+        methods, failed = preflight(model, x, y, st.methods, device)
         st = dataclasses.replace(st, methods=tuple(m for m in methods if not certify.METHODS[m].complete))
         complete = tuple(m for m in methods if certify.METHODS[m].complete)
         minilm = load_minilm(st) if args.minilm and not args.no_minilm else None
@@ -548,12 +566,13 @@ def run(args) -> int:
     with timer("certify"):
         # image by image into the results store (in this process, or on Dask with --workers/--scheduler)
         job = dataset.Job((args.model,), st.eps, st.methods, st.n_images, data=args.data,
-                          allow_pickle=args.allow_pickle)
+                          allow_pickle=args.allow_pickle, device=args.device)
         ev = dataset.run(job, Path(args.store) if args.store else out / "certify-store.jsonl",
                          workers=args.workers, scheduler=args.scheduler, resume=args.resume).evaluations[args.model]
-        res["certify"] = stage_certify(model, x[: st.n_images], y[: st.n_images], st, records, ev=ev)
+        res["certify"] = stage_certify(model, x[: st.n_images], y[: st.n_images], st, records, ev=ev, device=device)
         res["certify"]["failed"] = [{"method": m, "error": why} for m, why in failed.items()]
-        res["certify"]["bab"] = stage_bab(model, x[: st.n_images], y[: st.n_images], st, complete, args.timeout, ev)
+        res["certify"]["bab"] = stage_bab(model, x[: st.n_images], y[: st.n_images], st, complete, args.timeout, ev,
+                                          device)
         res["inputs"] = inputs_of(args.model, args.data, xte, yte, res["certify"]["images"])
     with timer("radii"), _mha_fastpath(False):
         # nn.MultiheadAttention's inference fast path (one fused kernel) has no forward-mode AD,
@@ -576,7 +595,7 @@ def run(args) -> int:
             ("--tiny", args.tiny), ("--n", args.n), ("--eps", args.eps), ("--methods", args.methods),
             ("--timeout", args.timeout if complete else None), ("--minilm", args.minilm),
             ("--workers", args.workers), ("--scheduler", args.scheduler), ("--store", args.store),
-            ("--resume", args.resume)])
+            ("--resume", args.resume), ("--device", args.device)])
         render.write_all(out, res, records, ders, cmd, timer, t_all, st)
     print(f"wrote {out}/report.md, report.tex, results.json ({len(records)} certificate records), "
           f"manifest.json in {time.perf_counter() - t_all:.0f} s; re-check: softcert check {out}/results.json")

@@ -4,7 +4,9 @@ Reads the ONNX model (certify.onnx_graph.read_onnx) and the VNN-LIB 1.0/2.0 prop
 (certify.vnnlib.read_vnnlib; ``.gz`` accepted), decides it with certify.vnncomp.solve in
 what is left of the time budget after loading, and writes the VNN-COMP result file (``sat``
 with the counterexample, ``unsat``, ``unknown`` or ``timeout``) plus RESULT.json beside it
-(verdict, seconds, method, assumptions, command). Prints the word.
+(verdict, seconds, method, assumptions, command). Prints the word. ``--device cuda`` bounds
+and attacks on a GPU (certify.vnncomp.solve's ``device``; default the CPU); a counterexample
+is confirmed by onnxruntime on the CPU in the model's own dtype either way.
 
 The budget counts from the start of the ``softcert`` process (softcert.cli.wallclock: start-up
 and imports included, as a harness times it); if the solver has not answered by then, a
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from softcert.cli import wallclock
+from softcert.cli import devices, wallclock
 from softcert.cli.common import command_line, write_json
 
 
@@ -32,6 +34,7 @@ def configure(parser) -> None:
                              "model (ibp, crown, vertex, alpha-crown, ...) or bab (default: auto)")
     parser.add_argument("--max-boxes", type=int, default=64,
                         help="input-bisection budget per region (default: 64 boxes)")
+    devices.add_argument(parser, devices.ONNX_MOVED)
 
 
 def verdict_json(verdict, args, name) -> dict:
@@ -88,6 +91,7 @@ def _decide(args, start, deadline):
     from softcert.certify.vnnlib import read_vnnlib
     from softcert.certify.vnnlib_binding import check_bound, read_options
 
+    device = devices.device_of(args.device)  # refused by name before the files are read
     if args.method not in SOLVE_METHODS:
         raise ValueError(f"--method: expected one of {', '.join(SOLVE_METHODS)}, got {args.method!r}")
     prop = read_vnnlib(args.property)
@@ -101,4 +105,4 @@ def _decide(args, start, deadline):
         from softcert.certify.vnncomp import Verdict
 
         return Verdict("timeout", None, time.monotonic() - start, args.method, "the budget ran out while loading")
-    return solve(network, prop, left, args.method, max_boxes=args.max_boxes)
+    return solve(network, prop, left, args.method, max_boxes=args.max_boxes, device=device)

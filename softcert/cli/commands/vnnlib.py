@@ -17,7 +17,8 @@ Interface"); the theory names are those of its chapter "Theories and Logics". He
   element types other than ``real`` (softcert's ``unsat`` is proved in real arithmetic, so
   the standard requires the query to consent with ``real``; ``--float-as-real``, not
   standard, gives that consent for a query written with float32/float64), and anything
-  softcert does not read.
+  softcert does not read. ``--device cuda`` (not standard) bounds and attacks on a GPU, as
+  ``softcert vnncomp --device`` does (default: the CPU).
 - ``softcert vnnlib supports --CAPABILITY`` answers one capability query of the standard
   (``CAPABILITIES``), from what softcert reads. Nothing heavy is imported on this path.
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import sys
 import time
 
-from softcert.cli import wallclock
+from softcert.cli import devices, wallclock
 
 NAME = "softcert"
 #: VNN-LIB versions certify.vnnlib reads: 1.0 (declare-const X_i Real) and 2.0 (vnnlib-version <2.0>)
@@ -155,6 +156,7 @@ def configure(parser) -> None:
     v.add_argument("--float-as-real", action="store_true",
                    help="not standard: read float32/float64 declarations as real (consent to a proof in real "
                         "arithmetic, which the standard asks to be written as `real` in the query)")
+    devices.add_argument(v, devices.ONNX_MOVED, prefix="not standard: ")
     s = sub.add_parser("supports", help="what softcert reads: one capability query of the standard",
                        description="answer one capability query of the VNN-LIB 2.0 solver interface")
     group = s.add_mutually_exclusive_group(required=True)
@@ -200,6 +202,8 @@ def _verify(args, deadline, watchdog) -> int:
     from softcert.certify.vnnlib import read_vnnlib
     from softcert.certify.vnnlib_binding import check_bound, model_dtypes, model_files, parts, positions
 
+    device = devices.device_of(args.device)  # refused by name before the files are read
+
     if args.method not in SOLVE_METHODS:
         raise ValueError(f"--method: expected one of {SOLVE_METHODS}, got {args.method!r}")
     prop = read_vnnlib(args.property)
@@ -221,7 +225,7 @@ def _verify(args, deadline, watchdog) -> int:
     if left <= 0:
         verdict = Verdict("timeout", None, 0.0, args.method, "the budget ran out while loading")
     else:
-        verdict = solve(network, prop, left, args.method)
+        verdict = solve(network, prop, left, args.method, device=device)
     if watchdog is not None and not watchdog.claim():
         time.sleep(60)  # the watchdog is printing timed-out and ending the process
     if verdict.result == "sat" and args.serialise_assignments is not None:
