@@ -886,30 +886,49 @@ def _as_float32(x, name: str):
     return arr, was_torch, src
 
 
-def _attention_mask(mask, causal, lead: tuple, nq: int, n: int):
+def _mask_array(mask, device):
+    """The mask as a bool array: numpy on the host (``device`` None), else a torch tensor on
+    ``device``; ValueError naming ``mask`` when it is not boolean."""
+    is_tensor = hasattr(mask, "detach")
+    if device is None or not is_tensor:
+        arr = mask.detach().cpu().numpy() if is_tensor else np.asarray(mask)
+        ok, dtype = arr.dtype == np.bool_, arr.dtype
+    else:
+        arr, ok, dtype = mask.detach(), str(mask.dtype) == "torch.bool", mask.dtype
+    if not ok:
+        raise ValueError(f"mask: expected a boolean array (True = attend), got {dtype}")
+    if device is None:
+        return arr
+    import torch
+
+    return (arr if is_tensor else torch.from_numpy(np.ascontiguousarray(arr))).to(device)
+
+
+def _attention_mask(mask, causal, lead: tuple, nq: int, n: int, device=None):
     """(kernel mask or None, description). ``mask``: bool, broadcastable to lead + (nq, n),
-    True = attend; returned as bool (1 or G, 1 or nq, n), G = prod(lead). ``causal``: a bool."""
+    True = attend; returned as bool (1 or G, 1 or nq, n), G = prod(lead): a numpy array, or
+    a torch tensor on ``device`` when one is given. ``causal``: a bool."""
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal: expected a bool, got {type(causal).__name__}")
     if mask is None:
         return None, "causal (query i attends keys j <= i)" if causal else ""
     if causal:
         raise ValueError("mask, causal: give one of them, not both (causal is the mask j <= i)")
-    arr = mask.detach().cpu().numpy() if hasattr(mask, "detach") else np.asarray(mask)
-    if arr.dtype != np.bool_:
-        raise ValueError(f"mask: expected a boolean array (True = attend), got {arr.dtype}")
+    arr = _mask_array(mask, device)
+    shape = tuple(arr.shape)
     full = tuple(lead) + (nq, n)
     try:
-        ok = np.broadcast_shapes(arr.shape, full) == full
+        ok = np.broadcast_shapes(shape, full) == full
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"mask: shape {arr.shape} does not broadcast to (..., nq, n) = {full}")
-    arr = arr.reshape((1,) * (len(full) - arr.ndim) + arr.shape)
+        raise ValueError(f"mask: shape {shape} does not broadcast to (..., nq, n) = {full}")
+    arr = arr.reshape((1,) * (len(full) - len(shape)) + shape)
     rows = arr.shape[-2]
+    spread = np.broadcast_to if device is None else (lambda a, to: a.expand(to))
     if all(s == 1 for s in arr.shape[:-2]):
-        return np.broadcast_to(arr.reshape(1, rows, -1), (1, rows, n)), "boolean mask"
-    return np.broadcast_to(arr, full[:-2] + (rows, n)).reshape(-1, rows, n), "boolean mask"
+        return spread(arr.reshape(1, rows, -1), (1, rows, n)), "boolean mask"
+    return spread(arr, full[:-2] + (rows, n)).reshape(-1, rows, n), "boolean mask"
 
 
 def _check_qkv(qa, ka, va):
@@ -925,6 +944,50 @@ def _check_qkv(qa, ka, va):
         raise ValueError(f"k: {ka.shape[-2]} keys, at most {MAX_KEYS} are supported (the bound's margins)")
 
 
+def _as_tensor(x, name: str):
+    """(torch tensor where x is, was_torch, input dtype name): ``_as_float32``'s checks for the
+    Triton backend, without a copy of a tensor; float16/bfloat16 are left to the caller's
+    ``.float()`` (exact) and finiteness to ``_check_finite`` (one synchronisation for all)."""
+    import torch
+
+    was_torch = isinstance(x, torch.Tensor)
+    if was_torch:
+        if x.is_meta:
+            raise ValueError(f"{name}: meta tensors carry no data")
+        src, t = str(x.dtype).removeprefix("torch."), x.detach()
+    else:
+        arr = np.asarray(x)
+        src, t = arr.dtype.name, None
+        if src in HALF_DTYPES:
+            arr = arr.astype(np.float32)  # exact: p = 11 or 8 bits, exponents inside float32's
+        if arr.dtype == np.float32:
+            t = torch.from_numpy(np.ascontiguousarray(arr))
+    if t is None or src not in ("float32",) + HALF_DTYPES:
+        raise ValueError(f"{name}: expected float32 (the kernel's format) or float16/bfloat16 "
+                         f"(lifted exactly), got {src}")
+    if t.ndim < 2 or 0 in t.shape:
+        raise ValueError(f"{name}: expected a non-empty (..., n, d) array, got shape {tuple(t.shape)}")
+    return t, was_torch, src
+
+
+def _check_finite(tensors, names: str):
+    """ValueError naming the first tensor with a NaN or inf; one device synchronisation."""
+    import torch
+
+    finite = torch.stack([torch.isfinite(t).all() for t in tensors]).tolist()
+    for name, ok in zip(names, finite):
+        if not ok:
+            raise ValueError(f"{name}: contains NaN or inf")
+
+
+def _check_devices(tensors, names: str):
+    """Torch inputs on different devices are refused, as torch does (numpy has no device)."""
+    seen = [(name, x.device) for x, name in zip(tensors, names) if hasattr(x, "device") and hasattr(x, "detach")]
+    for name, dev in seen[1:]:
+        if dev != seen[0][1]:
+            raise ValueError(f"{name}: on {dev}, {seen[0][0]} on {seen[0][1]} (one device for q, k, v)")
+
+
 def attention(q, k, v, block: int = 128, backend: str = "numba", *, mask=None,
               causal: bool = False) -> AttentionResult:
     """FP32 attention O = softmax(q k^T / sqrt(d)) v by blocked online softmax, with a proven
@@ -932,10 +995,14 @@ def attention(q, k, v, block: int = 128, backend: str = "numba", *, mask=None,
 
     q (..., nq, d), k (..., n, d), v (..., n, dv): float32, or float16/bfloat16 lifted exactly
     into float32 (the computation, ``out`` and the bound are float32's; O is the exact
-    attention of the given values). Torch tensors or numpy arrays (results follow q's type and
-    device),
-    equal leading axes, n <= 2^20. ``block``: keys per tile. ``backend``: "numba"
-    (``kernels.attention``) or "triton" (``kernels.triton_attention``, interpreted on CPU).
+    attention of the given values). Torch tensors or numpy arrays, equal leading axes,
+    n <= 2^20; results follow q's type and device (numpy for numpy q; torch tensors on q's
+    device for torch q); torch q, k, v on different devices are refused by the Triton backend.
+    ``block``: keys per tile. ``backend``: "numba" (``kernels.attention``, on the host: torch
+    inputs are copied there) or "triton" (``kernels.triton_attention``: a tiled kernel on
+    ``kernels.triton_math.kernel_device()``, cuda when compiled, interpreted on the CPU;
+    inputs, validation, the kernel and its bound (``kernels.attention_torch``, float64 on the
+    device) stay there, with one synchronisation to validate the inputs and one the output).
     ``mask``: bool broadcastable to (..., nq, n), True = attend (torch's boolean attn_mask);
     ``causal``: query i attends keys j <= i (torch's is_causal, top-left aligned when nq != n);
     not both. Masked keys are skipped; row i's softmax runs over its n_row attended keys
@@ -946,6 +1013,8 @@ def attention(q, k, v, block: int = 128, backend: str = "numba", *, mask=None,
         raise ValueError(f"backend: expected one of {ATTENTION_BACKENDS}, got {backend!r}")
     if int(block) != block or block < 1:
         raise ValueError(f"block: must be a positive integer, got {block}")
+    if backend == "triton":
+        return _attention_triton(q, k, v, int(block), mask, causal)
     (qa, was_torch, qt), (ka, _, kt), (va, _, vt) = (
         _as_float32(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     _check_qkv(qa, ka, va)
@@ -954,12 +1023,10 @@ def attention(q, k, v, block: int = 128, backend: str = "numba", *, mask=None,
     q3, k3, v3 = (x.reshape((-1,) + x.shape[-2:]) for x in (qa, ka, va))
     fmt = FORMATS["float32"]
     ulps, exp_source = _exp_model(backend)
-    if backend == "numba":
-        from softcert.kernels.attention import flash_attention as run
-    else:
-        from softcert.kernels.triton_attention import flash_attention_triton as run
-    out, bound, rescales = run(q3, k3, v3, int(block), fmt.u, 2 * ulps * fmt.u, fmt.q,
-                               mask=kmask, causal=bool(causal))
+    from softcert.kernels.attention import flash_attention
+
+    out, bound, rescales = flash_attention(q3, k3, v3, int(block), fmt.u, 2 * ulps * fmt.u, fmt.q,
+                                           mask=kmask, causal=bool(causal))
     if not (np.isfinite(out).all() and not np.isnan(bound).any()):
         raise ValueError("q, k, v: the float32 computation overflowed (scores or values too large)")
     shape = lead + out.shape[-2:]
@@ -967,14 +1034,54 @@ def attention(q, k, v, block: int = 128, backend: str = "numba", *, mask=None,
     if was_torch:
         import torch
 
-        # on q's device (the bound is computed on the host: kernels.attention, or Triton's
-        # scores reduced there)
+        # on q's device (the Numba kernel and its bound run on the host)
         out, bound, rescales = (torch.from_numpy(np.ascontiguousarray(x)).to(q.device) for x in (out, bound, rescales))
-    lifted = tuple(f"{name} ({t})" for name, t in zip("qkv", (qt, kt, vt)) if t in HALF_DTYPES)
-    return AttentionResult(out, bound, rescales, int(block), backend,
-                           assumptions=attention_assumptions(ulps, exp_source, lifted, masked),
-                           masked="causal" if causal else ("mask" if kmask is not None else ""),
-                           input_dtypes=(qt, kt, vt))
+    return _attention_result(out, bound, rescales, int(block), backend, (qt, kt, vt), ulps,
+                             exp_source, masked, "causal" if causal else ("mask" if kmask is not None else ""))
+
+
+def _attention_result(out, bound, rescales, block: int, backend: str, dtypes, ulps: float,
+                      exp_source: str, masked: str, kind: str, extra: str = "") -> AttentionResult:
+    lifted = tuple(f"{name} ({t})" for name, t in zip("qkv", dtypes) if t in HALF_DTYPES)
+    return AttentionResult(out, bound, rescales, block, backend,
+                           assumptions=attention_assumptions(ulps, exp_source, lifted, masked) + extra,
+                           masked=kind, input_dtypes=tuple(dtypes))
+
+
+def _attention_triton(q, k, v, block: int, mask, causal) -> AttentionResult:
+    """``attention`` with backend="triton": everything on ``kernel_device()`` (module
+    ``kernels.triton_attention``); results moved to q's device (torch q) or the host (numpy)."""
+    from softcert.kernels.triton_attention import flash_attention_triton
+    from softcert.kernels.triton_math import kernel_device
+
+    dev = kernel_device()
+    (qa, was_torch, qt), (ka, _, kt), (va, _, vt) = (
+        _as_tensor(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    _check_devices((q, k, v), "qkv")
+    qa, ka, va = (x.to(dev).float() for x in (qa, ka, va))  # no copy where already float32 on dev
+    _check_qkv(qa, ka, va)
+    _check_finite((qa, ka, va), "qkv")  # one synchronisation
+    lead, n = tuple(qa.shape[:-2]), ka.shape[-2]
+    kmask, masked = _attention_mask(mask, causal, lead, qa.shape[-2], n, device=dev)
+    q3, k3, v3 = (x.reshape((-1,) + tuple(x.shape[-2:])) for x in (qa, ka, va))
+    fmt = FORMATS["float32"]
+    ulps, exp_source = _exp_model("triton")
+    out, bound, rescales = flash_attention_triton(q3, k3, v3, block, fmt.u, 2 * ulps * fmt.u, fmt.q,
+                                                  mask=kmask, causal=bool(causal))
+    import torch
+
+    if not bool(torch.isfinite(out).all() & ~torch.isnan(bound).any()):  # one synchronisation
+        raise ValueError("q, k, v: the float32 computation overflowed (scores or values too large)")
+    shape = lead + tuple(out.shape[-2:])
+    out, bound, rescales = out.reshape(shape), bound.reshape(shape), rescales.reshape(shape[:-1])
+    if was_torch:
+        out, bound, rescales = (x.to(q.device) for x in (out, bound, rescales))
+    else:
+        out, bound, rescales = (x.cpu().numpy() for x in (out, bound, rescales))
+    extra = (f"; the bound evaluated in torch float64 on {dev}: IEEE round to nearest in any "
+             "summation order, GEMMs included (no emulated or reduced-precision float64)")
+    return _attention_result(out, bound, rescales, block, "triton", (qt, kt, vt), ulps, exp_source,
+                             masked, "causal" if causal else ("mask" if kmask is not None else ""), extra)
 
 
 def minilm_qkv(sentences=None, max_length: int = 128, model_dir=None):
