@@ -38,6 +38,8 @@ from numba import get_num_threads, njit, prange
 
 from softcert.kernels.threads import caller_threads
 
+#: the smallest normal float64: below it exp's result has no relative error bound
+FLOAT64_TINY = 2.0 ** -1022
 #: float64 sums of the bound are inflated by this relative margin (see the module docstring)
 SUM_MARGIN = 2.0 ** -30
 #: the float64 margins above are proved for rows of at most this many keys
@@ -133,6 +135,15 @@ def _row_counts(mrow, nlim, block):
 
 
 @njit(cache=True)
+def _beyond_normal(e, x):
+    """An upper bound of w (e^e - 1), w = e^{-x}, where float64 w is below the normal range
+    (x > 708): w's relative error is unbounded there and e^e may exceed 1/w (a score error
+    e_j of hundreds: cancellation in q·k_j), so the term is bounded by e^(e - x), the
+    rounding of e - x charged in the exponent (docs/fp/attention.md, section 4)."""
+    return math.exp(e - x + 2.0 ** -50 * (e + x)) * (1.0 + 2.0 ** -50)
+
+
+@njit(cache=True)
 def _row_bound(q, k, v, mrow, nlim, s_buf, big_m, rescales, block, u, ue, q32, nsum, asum,
                ssum, bound):
     """The a-posteriori bound of one row (float64; see the module docstring): n, T and the
@@ -173,8 +184,10 @@ def _row_bound(q, k, v, mrow, nlim, s_buf, big_m, rescales, block, u, ue, q32, n
         # the score error, measured against a float64 reference whose own error is bounded
         e = abs(np.float64(s_buf[j]) - dot * inv_sqrt_d) * (1.0 + 2.0 ** -50)
         e += a * inv_sqrt_d * ref_rel + (d + 2) * q32
-        fe = math.expm1(e) * (1.0 + 2.0 ** -50)
-        we = w * fe
+        if w >= FLOAT64_TINY:
+            we = w * (math.expm1(e) * (1.0 + 2.0 ** -50))
+        else:
+            we = _beyond_normal(e, x)
         phi += we
         for c in range(dv):
             av = abs(np.float64(v[j, c]))

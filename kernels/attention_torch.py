@@ -13,7 +13,7 @@ keys holding one, b the most attended keys in one tile, R rescales, K = b + 2T -
     D_c = (N_c + a + A_c (Z + a)) / (L (1 - ζ)), ζ = (Z + a) / L,
 
 with the underflow term a, the float64 underflow charge n 2^-1060 per unit |v| for w_j = 0
-(x_j > 745) and every sum inflated by ``SUM_MARGIN`` exactly as there; ζ or φ >= 1/2 gives
+(x_j > 745) in Z and N_c, e^{e_j - x_j} for w_j (e^{e_j} - 1) where w_j is below the normal range and every sum inflated by ``SUM_MARGIN`` exactly as there; ζ or φ >= 1/2 gives
 inf, a row with no attended key gives 0 (its out is 0).
 
 How the float64 evaluation differs from Numba's, and why the same margins cover it:
@@ -37,7 +37,7 @@ import math
 
 import torch
 
-from softcert.kernels.attention import MAX_KEYS, SUM_MARGIN
+from softcert.kernels.attention import FLOAT64_TINY, MAX_KEYS, SUM_MARGIN
 
 #: float64 entries (rows x keys) per temporary of one chunk (512 MiB; a chunk keeps ~5 alive)
 CHUNK_ELEMENTS = 2 ** 26
@@ -117,16 +117,18 @@ def _only(x, att):
     return x if att is None else torch.where(att, x, 0.0)
 
 
-def _score_error_factor(q, k, s, w, att, q32: float):
-    """w_j (e^{e_j} - 1) over the attended keys (e_j: the module docstring). A w = 0 entry
-    with e^{e_j} = inf stays NaN, as in ``_row_bound``, and makes the bound inf."""
+def _score_error_factor(q, k, s, w, x, att, q32: float):
+    """w_j (e^{e_j} - 1) over the attended keys (e_j: the module docstring); where float64
+    w_j is below the normal range (x_j > 708) the upper bound e^(e_j - x_j) instead, the
+    rounding of e_j - x_j charged in the exponent (``kernels.attention._beyond_normal``)."""
     d = q.shape[-1]
     q64, k64 = q.double(), k.double()
     inv_sqrt_d = 1.0 / math.sqrt(d)
     ref_rel = (d + 4) * 2.0 ** -53 * 1.01  # any order and FMAs: γ_d plus 1/sqrt d's roundings
     e = (s - (q64 @ k64.transpose(-1, -2)) * inv_sqrt_d).abs() * _SLACK
     e += (q64.abs() @ k64.abs().transpose(-1, -2)) * inv_sqrt_d * ref_rel + (d + 2) * q32
-    return _only(w * (torch.expm1(e) * _SLACK), att)
+    beyond = torch.exp(e - x + 2.0 ** -50 * (e + x)) * _SLACK
+    return _only(torch.where(w >= FLOAT64_TINY, w * (torch.expm1(e) * _SLACK), beyond), att)
 
 
 def _finish(sums, vmax, n_row, tiles, u: float, ue: float, q32: float):
@@ -161,8 +163,8 @@ def _chunk_bound(q, k, v, s, big_m, rescales, att, block: int, u: float, ue: flo
     c1 = (1 + rescales.double()) * math.log1p(ue) + (most + 2 * tiles - 1) * math.log1p(u)
     # w = 0 (x > 745): w ρ <= e^{-(1-u) x} P is below 2^-1060, charged by ``tiny``
     wr = torch.where(w > 0, w * torch.expm1(c1[..., None] + u * x), 0.0)
+    we = _score_error_factor(q, k, s, w, x, att, q32)
     del x
-    we = _score_error_factor(q, k, s, w, att, q32)
     vabs = v.double().abs()
     vrow = vabs.amax(-1)[:, None, :]  # (h, 1, n)
     vmax = vrow.amax(-1) if att is None else torch.where(att, vrow, 0.0).amax(-1)

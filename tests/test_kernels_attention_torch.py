@@ -97,6 +97,32 @@ def test_inf_where_the_score_error_or_the_sums_are_too_large():
     np.testing.assert_allclose(t[0, 3:], ref[0, 3:], rtol=1e-9, atol=0)
 
 
+@pytest.mark.parametrize("backend", ["numba", "triton"])
+def test_cancelled_score_beyond_the_normal_range(backend):
+    """A key whose float32 score lost 961 to cancellation (q·k_1 = (2^20 + 31)^2 - 2^20 (2^20 +
+    62) = 961 exactly, 0 in float32) and lies 760 below the max key's: its float64 weight is
+    0 while its exact weight times v_1 = 1e35 moves the output by 1.13. The bound charged
+    2^-1060 for it until 2026-12-05 (8.7e-5: unsound); now e^{e_j - x_j} (docs/fp/attention.md,
+    section 5). Oracle: mpmath at 60 digits."""
+    import mpmath
+
+    a = np.float32(2**20 + 31)
+    q = np.array([[[a, 2**20]]], dtype=np.float32)
+    s0 = np.float32(760 * math.sqrt(2) / float(a))
+    k = np.array([[[s0, 0.0], [a, -(2**20 + 62)]]], dtype=np.float32)
+    v = np.array([[[1.0], [1e35]]], dtype=np.float32)
+    with mpmath.workdps(60):
+        sc = [sum(mpmath.mpf(float(q[0, 0, i])) * mpmath.mpf(float(k[0, j, i])) for i in range(2))
+              / mpmath.sqrt(2) for j in range(2)]
+        w = [mpmath.exp(x - max(sc)) for x in sc]
+        exact = (w[0] * 1 + w[1] * mpmath.mpf(float(v[0, 1, 0]))) / (w[0] + w[1])
+        r = fp.attention(q, k, v, block=16, backend=backend)
+        out, bound = float(np.asarray(r.out).ravel()[0]), float(np.asarray(r.bound).ravel()[0])
+        err = abs(mpmath.mpf(out) - exact)
+    assert err > 1.0  # the case is what it claims: float32 dropped the second key
+    assert err <= bound < 2 * err
+
+
 @pytest.mark.parametrize("budget", [1, 40, 10**6])
 def test_chunks_of_rows_and_of_heads_give_the_same_bound(budget, monkeypatch):
     """A budget below one head's rows x keys cuts heads into row ranges (down to one row),
