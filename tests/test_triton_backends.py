@@ -88,7 +88,13 @@ def test_attention_sound_and_within_the_proven_error_of_numba(kind, block):
     assert (np.abs(t.out - ref) <= t.bound + slack).all()
     # both are within their bounds of the same exact value, so of each other
     assert (np.abs(t.out.astype(np.float64) - nb.out) <= t.bound + nb.bound).all()
-    assert (t.rescales == nb.rescales).all()  # max comparisons are exact in both
+    tiles = -(-60 // block)
+    for r in (t.rescales, nb.rescales):
+        assert (0 <= r).all() and (r <= tiles - 1).all()
+    if kind in ("equal_scores", "ascending"):  # one nonzero product per score: exact in any
+        # order, so the same maxima; random scores may differ in the last bit between the
+        # two summation orders, and a near-tie may then rescale in one backend only
+        assert (t.rescales == nb.rescales).all()
 
 
 def test_attention_torch_tensors_and_shapes():
