@@ -72,10 +72,9 @@ def _check(q, k, v, scores, big_m, rescales, block, mask):
                          f"{mask.dtype} {tuple(mask.shape)}")
 
 
-def _chunks(g_count: int, nq: int, n: int):
+def _chunks(g_count: int, nq: int, n: int, budget: int = CHUNK_ELEMENTS):
     """(head slice, row slice) pairs covering (G, nq), each at most ``CHUNK_ELEMENTS`` rows
     x n entries (at least one row): whole heads when one fits, else row ranges of one head."""
-    budget = CHUNK_ELEMENTS  # read per call: tests lower it to exercise both kinds of chunk
     if nq * n <= budget:
         step = max(1, budget // (nq * n))
         for g0 in range(0, g_count, step):
@@ -173,7 +172,8 @@ def _chunk_bound(q, k, v, s, big_m, rescales, att, block: int, u: float, ue: flo
 
 
 def attention_bound_torch(q, k, v, scores, big_m, rescales, block: int, u: float, ue: float,
-                          q32: float, mask=None, causal: bool = False) -> torch.Tensor:
+                          q32: float, mask=None, causal: bool = False,
+                          chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """float64 (G, nq, dv) bound on q's device for a forward pass run elsewhere (the Triton
     kernel): q (G, nq, d), k (G, n, d), v (G, n, dv) float32 torch tensors, its float32
     ``scores`` (G, nq, n) (masked keys are not read), final running max ``big_m`` (G, nq) and
@@ -181,12 +181,12 @@ def attention_bound_torch(q, k, v, scores, big_m, rescales, block: int, u: float
     (1 or G, 1 or nq, n), True = attend; ``causal``: keys j <= i. ``u``, ``ue``, ``q32``: unit
     roundoff, exp relative error and smallest subnormal of float32. The same bound as
     ``kernels.attention.attention_bound`` (module docstring), valid for any kernel of that
-    algorithm's structure."""
+    algorithm's structure. ``chunk_elements``: rows x keys per chunk (memory, not the value)."""
     _check(q, k, v, scores, big_m, rescales, block, mask)
     g_count, nq, _ = q.shape
     n, dv = k.shape[1], v.shape[2]
     bound = torch.empty((g_count, nq, dv), dtype=torch.float64, device=q.device)
-    for heads, rows in _chunks(g_count, nq, n):
+    for heads, rows in _chunks(g_count, nq, n, chunk_elements):
         att = _attended(mask, bool(causal), heads, rows, n, q.device)
         bound[heads, rows] = _chunk_bound(q[heads, rows], k[heads], v[heads], scores[heads, rows],
                                           big_m[heads, rows], rescales[heads, rows], att,

@@ -37,12 +37,12 @@ def _kernel_like(q, k, mask, causal, rng):
     return s, big_m, rescales
 
 
-def _both(q, k, v, s, big_m, rescales, block, mask=None, causal=False):
+def _both(q, k, v, s, big_m, rescales, block, mask=None, causal=False, **kw):
     ref = nb_attention.attention_bound(q, k, v, s, big_m, rescales, block, U, UE, Q32, mask=mask,
                                        causal=causal)
     t = attention_torch.attention_bound_torch(
         *(torch.from_numpy(x) for x in (q, k, v, s, big_m, rescales)), block, U, UE, Q32,
-        mask=None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)), causal=causal)
+        mask=None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)), causal=causal, **kw)
     assert t.dtype == torch.float64 and t.shape == ref.shape
     return t.numpy(), ref
 
@@ -124,20 +124,19 @@ def test_cancelled_score_beyond_the_normal_range(backend):
 
 
 @pytest.mark.parametrize("budget", [1, 40, 10**6])
-def test_chunks_of_rows_and_of_heads_give_the_same_bound(budget, monkeypatch):
+def test_chunks_of_rows_and_of_heads_give_the_same_bound(budget):
     """A budget below one head's rows x keys cuts heads into row ranges (down to one row),
     above it takes several heads per chunk: every row is covered once, the bound unchanged."""
     rng = np.random.default_rng(4)
     q, k, v = _inputs(rng, 3, 7, 20, 8, 3, 2.0)
     mask = rng.random((3, 7, 20)) < 0.6
     s, big_m, rescales = _kernel_like(q, k, mask, False, rng)
-    monkeypatch.setattr(attention_torch, "CHUNK_ELEMENTS", budget)
-    chunks = list(attention_torch._chunks(3, 7, 20))
+    chunks = list(attention_torch._chunks(3, 7, 20, budget))
     covered = np.zeros((3, 7), int)
     for heads, rows in chunks:
         covered[heads, rows] += 1
     assert (covered == 1).all() and (len(chunks) == 21 if budget == 1 else len(chunks) >= 1)
-    t, ref = _both(q, k, v, s, big_m, rescales, 6, mask)
+    t, ref = _both(q, k, v, s, big_m, rescales, 6, mask, chunk_elements=budget)
     np.testing.assert_allclose(t, ref, rtol=1e-9, atol=0)
 
 
