@@ -7,6 +7,13 @@ with the root bounds, and the specification is bounded by ``crown.backward`` wit
 parameters and beta-CROWN multipliers warm-started from the parent (``LeafBounder.bound``:
 the one place a leaf's bound is computed). A leaf whose tightened bounds are disjoint holds
 no input at all and is proved (infeasible).
+
+Host synchronisations: a batch of leaves is copied to the device once (``upload``: the groups
+and the split constraints in one float64 tensor) and read back once (the leaves' values and
+split decisions in one ``tolist``); everything between stays on the device, so the engine
+makes one read and one copy per batch whatever its size. The relaxations it calls
+(``certify.crown``, ``certify.ops``) make theirs per bounding pass, not per leaf
+(tests/test_certify_bab_synchronisations.py; docs/certify/bab.notes.md).
 """
 from __future__ import annotations
 
@@ -32,26 +39,36 @@ class Rows:
     groups: torch.Tensor
 
 
+def upload(values, dtype, device):
+    """The host numbers ``values`` as one tensor on ``device``: a single copy, from pinned
+    memory and without waiting for the device on CUDA (a pageable copy synchronises)."""
+    if torch.device(device).type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class Bounded:
     """A batch of B bounded leaves: ``lower`` (B, W) the rows' bounds (padding rows -inf,
     infeasible leaves +inf), ``rhs`` (B, W), ``params`` their ``RelaxationParams``,
     ``decisions`` the split each takes next, ``worst`` (B, *input) the minimiser of each
-    leaf's summed linear lower bound over its box."""
+    leaf's summed linear lower bound over its box, ``host_values`` the leaves' values
+    (``value``) read from the device with the decisions."""
 
     lower: torch.Tensor
     rhs: torch.Tensor
     params: RelaxationParams
     decisions: list
     worst: torch.Tensor
+    host_values: tuple
 
     def value(self, b):
         """max over leaf b's rows of lower bound - rhs (> 0: proved)."""
-        return float((self.lower[b] - self.rhs[b]).max())
+        return self.host_values[b]
 
     def values(self):
-        """``value(b)`` of every leaf, read from the device at once."""
-        return (self.lower - self.rhs).max(1).values.tolist()
+        """``value(b)`` of every leaf (read from the device once, with the decisions)."""
+        return list(self.host_values)
 
 
 def splittable(graph):
@@ -86,10 +103,21 @@ class LeafBounder:
         groups = tensor_of(rows.groups, torch.int64, self.device).to(self.device)
         self.rows = [torch.nonzero(groups == k).flatten() for k in range(int(groups.max()) + 1)]
         self.width = max(len(r) for r in self.rows)
+        # each group's rows padded to the width (C 0, rhs inf): a batch's spec is one gather
+        self.padded_C = self.C.new_zeros(len(self.rows), self.width, *self.C.shape[1:])
+        self.padded_rhs = torch.full((len(self.rows), self.width), torch.inf, dtype=torch.float64, device=self.device)
+        for k, r in enumerate(self.rows):
+            self.padded_C[k, : len(r)] = self.C[r]
+            self.padded_rhs[k, : len(r)] = self.rhs[r]
         self.bounded = 0
-        self.vertex_wins = 0
+        self._vertex_wins = torch.zeros((), dtype=torch.int64, device=self.device)  # read once, at the end
         first = "full" if options.intermediate == "auto" else options.intermediate
         self.root = self.propagate(first, crown.Deadlines(hard=deadline))
+
+    @property
+    def vertex_wins(self):
+        """Leaves (rows' bounds) where the Vertex-Softmax P·V bound beat McCormick so far."""
+        return int(self._vertex_wins)
 
     def propagate(self, intermediate, deadlines=crown.Deadlines(), optimise=None):
         """The root's bounds with the given intermediate-bound algorithm (``crown.propagate``'s
@@ -110,21 +138,32 @@ class LeafBounder:
                                     self.options.root_optimised, alphas or None)
 
     # ------------------------------------------------------------ one batch of leaves
-    def _by_node(self, cons):
-        """The leaves' split constraints grouped by node: node -> (leaf, neuron index, lo, hi)
-        tensors on the device, copied once per node ((leaf, neuron) pairs are distinct)."""
+    def _upload(self, cons, groups):
+        """The batch on the device in one copy (``upload``): the ``groups`` (B,) int64 (None
+        when ``groups`` is None) and the split constraints grouped by node, node -> (leaf,
+        neuron index, lo, hi) (each (N,); (leaf, neuron) pairs are distinct). One float64
+        tensor carries them all: the split points exactly as the children's constraints hold
+        them (float32 would round them, and a sliver of the parent would lie in no child), the
+        leaf, neuron and group numbers exactly below 2^53."""
         items = {}
         for b, cs in enumerate(cons):
             for (node, idx), (lo, hi) in cs.items():
                 items.setdefault(node, []).append((b, idx, lo, hi))
-        out = {}
+        head = list(groups) if groups is not None else []
+        if not head and not items:
+            return None, {}
+        flat = upload(head + [v for its in items.values() for it in its for v in it], torch.float64, self.device)
+        out, at = {}, len(head)
         for node, its in items.items():
-            bs, ix, los, his = zip(*its)
-            # float64: the split point exactly as the children's constraints hold it (the
-            # default float32 would round it, and a sliver of the parent would lie in no child)
-            out[node] = (*(torch.tensor(v, dtype=torch.int64, device=self.device) for v in (bs, ix)),
-                         *(torch.tensor(v, dtype=torch.float64, device=self.device) for v in (los, his)))
-        return out
+            t = flat[at: at + 4 * len(its)].view(-1, 4)
+            at += 4 * len(its)
+            out[node] = (t[:, 0].long(), t[:, 1].long(), t[:, 2], t[:, 3])
+        return (flat[: len(head)].long() if groups is not None else None), out
+
+    def _by_node(self, cons):
+        """The leaves' split constraints grouped by node: node -> (leaf, neuron index, lo, hi)
+        tensors on the device (``_upload``)."""
+        return self._upload(cons, None)[1]
 
     def _state(self, grouped, B):
         """The states of B leaves with the constraints ``grouped`` (``_by_node``) stacked on the
@@ -177,15 +216,11 @@ class LeafBounder:
         return out
 
     def _spec(self, groups):
-        """C (B, W, *output shape) and rhs (B, W) of the groups' rows, padded (rhs inf)."""
-        B, W = len(groups), self.width
-        C = self.C.new_zeros(B, W, *self.C.shape[1:])
-        rhs = torch.full((B, W), torch.inf, dtype=torch.float64, device=self.device)
-        for b, k in enumerate(groups):
-            r = self.rows[k]
-            C[b, : len(r)] = self.C[r]
-            rhs[b, : len(r)] = self.rhs[r]
-        return C, rhs
+        """C (B, W, *output shape) and rhs (B, W) of the groups' rows (a list, or (B,) int64 on
+        the device), padded (C 0, rhs inf)."""
+        if not isinstance(groups, torch.Tensor):
+            groups = upload(list(groups), torch.int64, self.device)
+        return self.padded_C[groups], self.padded_rhs[groups]
 
     def _backward(self, st, C, params, cbounds, vertex=False):
         """crown.backward with the leaves' alphas and the split constraints' multipliers; with
@@ -223,8 +258,8 @@ class LeafBounder:
         warm-started from ``start`` (None at the root) and bounds at least ``parent_lower``;
         the Adam steps stop at ``deadline`` (a ``time.monotonic()`` value)."""
         B, W = len(cons), self.width
-        C, rhs = self._spec(groups)
-        grouped = self._by_node(cons)
+        on_device, grouped = self._upload(cons, groups)
+        C, rhs = self._spec(on_device)
         st, tracked, infeasible = self._state(grouped, B)
         cbounds = self._constraint_bounds(grouped, B) if self.options.beta else {}
         params = self._start(start, cbounds, B)
@@ -242,24 +277,36 @@ class LeafBounder:
         final = self._split(values)
         lo = self._backward(st, C, final, cbounds)
         wrt = [t for lu in tracked.values() for t in lu] + list(values.values())
+        # the finite entries' sum, masked without reading the mask (lo[fin] would size it on the
+        # host); its gradient is lo[fin].sum()'s: 1 on the finite entries, exactly 0 elsewhere.
+        # Where no entry is finite no gradient reaches anything (zeros, as if none did; not the
+        # NaN that 0·inf makes upstream), decided on the device
         fin = torch.isfinite(lo)
-        grads = torch.autograd.grad(lo[fin].sum(), wrt, allow_unused=True) if fin.any() else [None] * len(wrt)
+        grads = torch.autograd.grad(torch.where(fin, lo, 0.0).sum(), wrt, allow_unused=True) \
+            if lo.requires_grad else [None] * len(wrt)
+        some = fin.any()
+        grads = [None if g is None else torch.where(some, g, 0.0) for g in grads]
         grad = dict(zip(map(id, wrt), grads))
         with torch.no_grad():
             best = torch.maximum(best, lo.detach())
             if self.pvs:
                 lv = self._backward(st, C, final, cbounds, vertex=True)
-                self.vertex_wins += int((lv > best).any(1).sum())
+                self._vertex_wins += (lv > best).any(1).sum()
                 best = torch.maximum(best, lv)
             if parent_lower is not None:
                 best = torch.maximum(best, parent_lower)  # a child's domain lies inside its parent's
             best = torch.where(rhs.isinf(), -torch.inf, best)
             best = torch.where(infeasible[:, None] & ~rhs.isinf(), torch.inf, best)
         self.bounded += B
-        decisions = self.rule.decide(self._candidates(tracked, grad, final), B)
+        chosen = self.rule.choose(self._candidates(tracked, grad, final), B)
+        with torch.no_grad():
+            value = (best - rhs).max(1).values[:, None]
+            # the one read from the device per batch: each leaf's value and split decision
+            host = (value if chosen is None else torch.cat([value, chosen[1]], 1)).tolist()
+        decisions = [None] * B if chosen is None else self.rule.decisions(chosen[0], [r[1:] for r in host])
         detached = RelaxationParams({k: a.detach() for k, a in final.alphas.items()},
                                     {k: (a.detach(), b.detach()) for k, (a, b) in final.betas.items()})
-        return Bounded(best, rhs, detached, decisions, self._worst(tracked[0], grad))
+        return Bounded(best, rhs, detached, decisions, self._worst(tracked[0], grad), tuple(r[0] for r in host))
 
     @staticmethod
     def _worst(box, grad):

@@ -8,6 +8,10 @@ every leaf of every group is proved. With ``BabOptions.intermediate="auto"`` a r
 after the first attacks gets the ``root_optimised`` most sensitive intermediate bounds
 optimised by alpha-CROWN, within ``root_share`` of the budget left. Falsification runs
 alongside through the ``falsify`` callback (``certify.bab.samples`` gives it PGD).
+
+A round reads the device once (its leaves' values and decisions, ``engine.Bounded``) and
+copies to it once (``engine.LeafBounder._upload``), once more on an attack round (the start
+points' positions); the queue and the control flow run on those host numbers.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from softcert.certify import crown
-from softcert.certify.bab.engine import LeafBounder, Rows
+from softcert.certify.bab.engine import LeafBounder, Rows, upload
 from softcert.certify.bab.leaves import Leaf, LeafQueue, RelaxationParams
 from softcert.certify.options import BabOptions
 
@@ -55,7 +59,7 @@ class _Search:
     def file(self, bounded, cons, groups):
         """Each bounded leaf: proved (kept with its value) or queued; returns the open ones."""
         open_ = []
-        values = bounded.values()  # one read from the device per batch
+        values = bounded.values()  # read from the device with the decisions, once per batch
         for b, (cs, k) in enumerate(zip(cons, groups)):
             v = values[b]
             if v > 0:
@@ -75,7 +79,8 @@ class _Search:
         if len(self.queue) and self.falsify is not None:
             cex = self.falsify(None)
             if cex is None:
-                cex = self.falsify(bounded.worst[[lf.group for lf in self.queue.leaves()]])
+                starts = upload([lf.group for lf in self.queue.leaves()], torch.int64, bounded.worst.device)
+                cex = self.falsify(bounded.worst[starts])
             if cex is not None:
                 return cex
         if len(self.queue) and self.options.intermediate == "auto" and self.bounder.feeds \
@@ -122,7 +127,7 @@ class _Search:
         if self.falsify is not None and open_ and number % attack.leaf_every == 0:
             values = bounded.values()
             order = sorted(open_, key=values.__getitem__)[: attack.leaf_count]
-            return self.falsify(bounded.worst[order]), True
+            return self.falsify(bounded.worst[upload(order, torch.int64, bounded.worst.device)]), True
         return None, True
 
     def _shrink(self, take):

@@ -27,16 +27,21 @@ class Candidate:
 
 class BranchingRule:
     """Base class: ``decide(candidates, batch)`` -> [Decision or None] per leaf, from
-    ``candidates`` (node id -> ``Candidate``); a subclass defines ``score``."""
+    ``candidates`` (node id -> ``Candidate``), made on the device by ``choose`` (the engine
+    reads its table back with the leaves' values, in one transfer); a subclass defines
+    ``score``."""
 
     def score(self, c: Candidate, p: torch.Tensor) -> torch.Tensor:
         """Scores (B, *shape) of splitting each neuron at ``p`` (higher first)."""
         raise NotImplementedError
 
-    def decide(self, candidates, batch):
+    def choose(self, candidates, batch):
         """Per leaf, the neuron of highest finite score over every candidate node (the first
-        node wins ties), split at its rule's point; None where no neuron can be split. The
-        choice is made on the tensors' device and read back at once."""
+        node wins ties), split at its rule's point, chosen on the tensors' device without
+        reading anything back: (nodes, table) with ``nodes`` the candidate node ids and
+        ``table`` (batch, 6) float64 rows (found 1/0, position in ``nodes``, flat index, lo,
+        hi, point), exact (indices below 2^53; ``decisions`` makes them ``Decision``s); None
+        when there is no candidate node."""
         nodes, scores, index, values = [], [], [], []
         with torch.no_grad():
             for i, c in candidates.items():
@@ -49,16 +54,28 @@ class BranchingRule:
                 index.append(ix)
                 values.append(torch.stack([_at(t, ix) for t in (c.l, c.u, p)], 1))
             if not nodes:
-                return [None] * batch
+                return None
             # the first node of the highest score (argmax takes the first maximum), if finite above -inf
             scores = torch.stack(scores)
             k = scores.argmax(0)
             rows = torch.arange(batch, device=k.device)
             found = scores[k, rows] > -torch.inf
-            ints = torch.stack([found.long(), k, torch.stack(index)[k, rows]]).tolist()
-            ends = torch.stack(values)[k, rows].tolist()
-        return [Decision(nodes[n], j, *ends[b]) if ok else None
-                for b, (ok, n, j) in enumerate(zip(*ints))]
+            ints = torch.stack([found.long(), k, torch.stack(index)[k, rows]], 1).double()
+            return nodes, torch.cat([ints, torch.stack(values)[k, rows]], 1)
+
+    @staticmethod
+    def decisions(nodes, rows):
+        """[Decision or None] per leaf from ``choose``'s ``nodes`` and its table read to the
+        host (``rows``: one list of six numbers per leaf)."""
+        return [Decision(nodes[int(n)], int(j), lo, hi, point) if found else None
+                for found, n, j, lo, hi, point in rows]
+
+    def decide(self, candidates, batch):
+        """``choose``'s decisions read back at once: [Decision or None] per leaf."""
+        chosen = self.choose(candidates, batch)
+        if chosen is None:
+            return [None] * batch
+        return self.decisions(chosen[0], chosen[1].tolist())
 
 
 def _at(t, ix):
