@@ -18,6 +18,8 @@ import torch
 
 pytest.importorskip("triton")  # the optional `triton` extra (make test installs it)
 
+from attention_reference import reference64, slack64
+
 from softcert.analysis import fp  # noqa: E402
 from softcert.kernels import triton_attention, triton_math  # noqa: E402
 
@@ -30,23 +32,6 @@ def _run(q, k, v, block, mask=None, causal=False, block_m=None):
     return triton_attention.flash_attention_triton(
         q, k, v, block, FMT.u, 2 * ulps * FMT.u, FMT.q, mask=None if mask is None else torch.from_numpy(mask),
         causal=causal, block_m=block_m)
-
-
-def reference64(q, k, v, att=None):
-    """float64 attention over the attended keys (products of float32 are exact in float64);
-    0 on a row with none. Its own error is covered by ``slack64``."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
-    if att is not None:
-        s = np.where(att, s, -np.inf)
-    top = s.max(-1, keepdims=True)
-    p = np.exp(s - np.where(np.isfinite(top), top, 0.0))
-    total = p.sum(-1, keepdims=True)
-    return np.where(total > 0, (p / np.where(total > 0, total, 1.0)) @ v, 0.0)
-
-
-def slack64(v, n, d):
-    return (n + d + 16) * 2.0 ** -50 * np.abs(np.asarray(v, dtype=np.float64)).max() + 1e-300
 
 
 def check(out, bound, ref, v, d):
