@@ -876,14 +876,20 @@ def _as_float32(x, name: str):
         src = arr.dtype.name
         if src in HALF_DTYPES:
             arr = arr.astype(np.float32)  # exact: p = 11 or 8 bits, exponents inside float32's
-    if arr.dtype != np.float32:
-        raise ValueError(f"{name}: expected float32 (the kernel's format) or float16/bfloat16 "
-                         f"(lifted exactly), got {src}")
-    if arr.ndim < 2 or 0 in arr.shape:
-        raise ValueError(f"{name}: expected a non-empty (..., n, d) array, got shape {arr.shape}")
+    _check_format(src if arr.dtype != np.float32 else "float32", tuple(arr.shape), name)
     if not np.isfinite(arr).all():
         raise ValueError(f"{name}: contains NaN or inf")
     return arr, was_torch, src
+
+
+def _check_format(src: str, shape: tuple, name: str):
+    """ValueError naming ``name`` unless its format ``src`` is float32 or one lifted exactly
+    into it (HALF_DTYPES) and its ``shape`` is a non-empty (..., n, d)."""
+    if src not in ("float32",) + HALF_DTYPES:
+        raise ValueError(f"{name}: expected float32 (the kernel's format) or float16/bfloat16 "
+                         f"(lifted exactly), got {src}")
+    if len(shape) < 2 or 0 in shape:
+        raise ValueError(f"{name}: expected a non-empty (..., n, d) array, got shape {shape}")
 
 
 def _mask_array(mask, device):
@@ -962,11 +968,7 @@ def _as_tensor(x, name: str):
             arr = arr.astype(np.float32)  # exact: p = 11 or 8 bits, exponents inside float32's
         if arr.dtype == np.float32:
             t = torch.from_numpy(np.ascontiguousarray(arr))
-    if t is None or src not in ("float32",) + HALF_DTYPES:
-        raise ValueError(f"{name}: expected float32 (the kernel's format) or float16/bfloat16 "
-                         f"(lifted exactly), got {src}")
-    if t.ndim < 2 or 0 in t.shape:
-        raise ValueError(f"{name}: expected a non-empty (..., n, d) array, got shape {tuple(t.shape)}")
+    _check_format(src, () if t is None else tuple(t.shape), name)  # t is None: src is refused
     return t, was_torch, src
 
 
@@ -1037,12 +1039,16 @@ def attention(q, k, v, block: int = 128, backend: str = "numba", *, mask=None,
         # on q's device (the Numba kernel and its bound run on the host)
         out, bound, rescales = (torch.from_numpy(np.ascontiguousarray(x)).to(q.device) for x in (out, bound, rescales))
     return _attention_result(out, bound, rescales, int(block), backend, (qt, kt, vt), ulps,
-                             exp_source, masked, "causal" if causal else ("mask" if kmask is not None else ""))
+                             exp_source, masked, bool(causal), kmask is not None)
 
 
 def _attention_result(out, bound, rescales, block: int, backend: str, dtypes, ulps: float,
-                      exp_source: str, masked: str, kind: str, extra: str = "") -> AttentionResult:
+                      exp_source: str, masked: str, causal: bool, has_mask: bool,
+                      extra: str = "") -> AttentionResult:
+    """The result; ``masked`` describes the mask in the assumptions, its kind is "causal",
+    "mask" or "" (none)."""
     lifted = tuple(f"{name} ({t})" for name, t in zip("qkv", dtypes) if t in HALF_DTYPES)
+    kind = "causal" if causal else ("mask" if has_mask else "")
     return AttentionResult(out, bound, rescales, block, backend,
                            assumptions=attention_assumptions(ulps, exp_source, lifted, masked) + extra,
                            masked=kind, input_dtypes=tuple(dtypes))
@@ -1081,7 +1087,7 @@ def _attention_triton(q, k, v, block: int, mask, causal) -> AttentionResult:
     extra = (f"; the bound evaluated in torch float64 on {dev}: IEEE round to nearest in any "
              "summation order, GEMMs included (no emulated or reduced-precision float64)")
     return _attention_result(out, bound, rescales, block, "triton", (qt, kt, vt), ulps, exp_source,
-                             masked, "causal" if causal else ("mask" if kmask is not None else ""), extra)
+                             masked, bool(causal), kmask is not None, extra)
 
 
 def minilm_qkv(sentences=None, max_length: int = 128, model_dir=None):

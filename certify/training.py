@@ -89,6 +89,9 @@ class CertifiedTraining:
     ``beta_start``, ``beta_end``: the weight of the CROWN-IBP bound at eps 0 and at ``eps``
     (1 and 0: Zhang et al. 2020, defaults.json "final-beta": 0.0); unused with "ibp".
     ``lr``: Adam's learning rate (5e-4: CROWN-IBP defaults.json, Adam).
+    ``lr_milestones``, ``lr_decay``: the rate is multiplied by ``lr_decay`` at the start of
+    each epoch listed (a step decay, Gowal et al. 2018: 10x, twice, after the ramp; default ():
+    a constant rate, as before the option existed; 0.1: Gowal et al.'s factor).
     ``batch_size``: 128 (CROWN-IBP defaults.json; also certify/train.py's natural recipes).
     ``seed``: the batch order and any dropout draws (0: certify/train.py's default seed).
     ``domain``: the input domain the box is clipped to (certify.spec.DOMAIN, [0, 1], the
@@ -104,6 +107,8 @@ class CertifiedTraining:
     beta_start: float = 1.0
     beta_end: float = 0.0
     lr: float = 5e-4
+    lr_milestones: tuple = ()
+    lr_decay: float = 0.1
     batch_size: int = 128
     seed: int = 0
     domain: tuple | None = DOMAIN
@@ -122,6 +127,13 @@ class CertifiedTraining:
             check(name, _unit, "a float in [0, 1]")
         check("bound", lambda v: v in BOUNDS, f"one of {', '.join(BOUNDS)}")
         check("lr", lambda v: _real(v) and v > 0, "a finite float > 0")
+        check("lr_decay", lambda v: _real(v) and 0 < v <= 1, "a finite float in (0, 1]")
+        check("lr_milestones", lambda v: isinstance(v, (tuple, list)) and all(_count(e, 1) for e in v)
+              and list(v) == sorted(set(v)), "increasing epochs >= 1")
+        object.__setattr__(self, "lr_milestones", tuple(self.lr_milestones))
+        if self.lr_milestones and self.lr_milestones[-1] >= self.epochs:
+            raise ValueError(f"{type(self).__name__}.lr_milestones: epoch {self.lr_milestones[-1]} is not before "
+                             f"the last (epochs = {self.epochs}; epochs count from 0)")
         check("batch_size", lambda v: _count(v, 1), "an int >= 1")
         check("seed", lambda v: _count(v, 0), "an int >= 0")
         if self.warmup_epochs + self.ramp_epochs > self.epochs:
@@ -133,6 +145,10 @@ class CertifiedTraining:
                 object.__setattr__(self, "domain", check_domain(self.domain))
             except ValueError as exc:
                 raise ValueError(f"{type(self).__name__}.{exc}") from None
+
+    def learning_rate(self, epoch):
+        """Adam's rate in epoch ``epoch`` (0-based): lr · lr_decay^(milestones <= epoch)."""
+        return self.lr * self.lr_decay ** sum(m <= epoch for m in self.lr_milestones)
 
     def schedule(self, step, steps_per_epoch):
         """(eps, kappa, beta) at global step ``step`` (0-based) of ``steps_per_epoch`` per
@@ -436,7 +452,7 @@ def robust_loss(model, x, y, eps, bound="ibp", *, beta=1.0, domain=DOMAIN):
 # ---------------------------------------------------------------- the training loop
 def train_certified(model, x, y, options=CertifiedTraining(), progress=None):
     """Train ``model`` in place on (x, y) by ``options`` (a ``CertifiedTraining``): Adam at
-    ``lr``, batches of ``batch_size`` in an order drawn from ``seed``; ``warmup_epochs`` of
+    ``options.learning_rate(epoch)``, batches of ``batch_size`` in an order drawn from ``seed``; ``warmup_epochs`` of
     natural cross-entropy, then kappa·CE(z(x), y) + (1 - kappa)·CE(-m̲, y) with m̲ the
     ``options.bound`` margins at the scheduled eps (module docstring; Gowal et al. 2018,
     Zhang et al. 2020). A step whose loss or gradient is not finite is skipped (counted in the history).
@@ -470,6 +486,8 @@ def train_certified(model, x, y, options=CertifiedTraining(), progress=None):
         torch.manual_seed(options.seed)
         for epoch in range(options.epochs):
             start = time.perf_counter()
+            for group in opt.param_groups:
+                group["lr"] = options.learning_rate(epoch)
             perm = torch.randperm(n, generator=gen).to(x.device)
             sums = dict(nat=0.0, rob=0.0, nat_err=0, rob_err=0, robust_n=0, skipped=0)
             eps = kappa = beta = 0.0

@@ -182,10 +182,35 @@ def test_same_seed_same_weights_other_seed_other_weights():
     ("eps", -0.1), ("eps", float("nan")), ("epochs", 0), ("epochs", 2.0), ("warmup_epochs", -1),
     ("ramp_epochs", True), ("kappa_start", 1.5), ("kappa_end", -0.1), ("bound", "crown"), ("beta_start", 2),
     ("beta_end", float("inf")), ("lr", 0.0), ("batch_size", 0), ("seed", -1), ("domain", (1.0, 0.0)),
+    ("lr_decay", 0.0), ("lr_decay", 1.5), ("lr_milestones", (5, 3)), ("lr_milestones", (0,)),
+    ("lr_milestones", (100,)), ("lr_milestones", 50),
 ])
 def test_bad_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"CertifiedTraining.{field}"):
         CertifiedTraining(**{field: value})
+
+
+def test_the_rate_decays_at_each_milestone():
+    """Step decay (Gowal et al. 2018): lr · lr_decay^(milestones passed), and training applies
+    it: with a decay of 1e-9 from epoch 1, the second epoch barely moves the weights."""
+    opts = CertifiedTraining(epochs=5, ramp_epochs=0, lr=1e-3, lr_milestones=[2, 4])
+    assert opts.lr_milestones == (2, 4)
+    assert [opts.learning_rate(e) for e in range(5)] == pytest.approx([1e-3, 1e-3, 1e-4, 1e-4, 1e-5])
+    xtr, ytr, _, _ = data.digits()
+    torch.manual_seed(0)
+    model = ViT(image=(1, 8, 8), patch=4, dim=8, heads=2, mlp=8, classes=10)
+    weights = [copy.deepcopy(model.state_dict())]
+
+    def keep(epoch, step, *rest):
+        if step in (2, 5):  # the last step of each epoch (3 per epoch)
+            weights.append(copy.deepcopy(model.state_dict()))
+    opts = CertifiedTraining(eps=0.0, epochs=2, warmup_epochs=2, ramp_epochs=0, lr=1e-2, batch_size=32,
+                             lr_milestones=(1,), lr_decay=1e-9)
+    train_certified(model, xtr[:96], ytr[:96], opts, progress=keep)
+
+    def moved(a, b):
+        return max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert moved(weights[1], weights[0]) > 1e-3 > 1e-6 > moved(weights[2], weights[1])
 
 
 def test_a_ramp_past_the_last_epoch_is_refused():

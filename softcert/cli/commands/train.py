@@ -23,7 +23,8 @@ from softcert.certify import train
 # the certified-training options the command line sets: flag -> CertifiedTraining field
 _CT_FLAGS = {"--eps": "eps", "--epochs": "epochs", "--warmup-epochs": "warmup_epochs",
              "--ramp-epochs": "ramp_epochs", "--bound": "bound", "--kappa-end": "kappa_end",
-             "--beta-end": "beta_end", "--lr": "lr", "--batch-size": "batch_size"}
+             "--beta-end": "beta_end", "--lr": "lr", "--lr-milestones": "lr_milestones",
+             "--lr-decay": "lr_decay", "--batch-size": "batch_size"}
 _VIT = "softcert.certify.models:ViT"
 
 
@@ -54,9 +55,11 @@ def configure(parser) -> None:
     d = CertifiedTraining()
     ct.add_argument("--eps", type=float, default=None, help=f"final training radius (default {d.eps})")
     for flag, kind in (("--epochs", int), ("--warmup-epochs", int), ("--ramp-epochs", int), ("--kappa-end", float),
-                       ("--beta-end", float), ("--lr", float), ("--batch-size", int)):
+                       ("--beta-end", float), ("--lr", float), ("--lr-decay", float), ("--batch-size", int)):
         field = _CT_FLAGS[flag]
         ct.add_argument(flag, type=kind, default=None, help=f"default {getattr(d, field)}")
+    ct.add_argument("--lr-milestones", type=int, nargs="*", default=None, metavar="EPOCH",
+                    help="epochs (0-based) at whose start the rate is multiplied by --lr-decay (default: none)")
     ct.add_argument("--bound", choices=BOUNDS, default=None, help=f"default {d.bound}")
 
 
