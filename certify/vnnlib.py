@@ -20,7 +20,13 @@ every X) and its output rows; terms with the same box are one ``Region``.
   ``vnnlib.compat.transform`` treats each ``assert`` as its own case rather than conjoining
   them, so the normal form is computed here for both versions.
 Atoms: ``<=, >=, <, >, =`` (1.0), ``==`` and ``!=`` (2.0; a != b is a < b or a > b) between
-linear expressions (``+``, ``-``, ``*`` by a constant).
+linear expressions (``+``, ``-``, ``*`` by a constant). A constraint over several inputs is a
+row of the term's input polytope (``Region.input_rows``). An equality of two inputs
+(``(== X_i X_j)``: two rows) gives each the other's bounds in that term, and its region reads
+the two as one variable (``Region.representatives``, ``Region.merged``: its own graph,
+``certify.vnnlib_binding.solve``); a top-level equality of inputs of two networks is one
+position of X already (``_shared_inputs``). Every input needs a box in every term, of its own
+or through such an equality; a constraint relating inputs to outputs (MNC) is refused.
 Numerals: ``[+-]digits[.digits][e[+-]digits]``, read as exact rationals.
 Two readings of every region:
 - for bounding ("unsat"): the float64 ``lower``/``upper`` rounded outward, ``rhs`` rounded
@@ -117,6 +123,40 @@ class Region:
                 return True
         return False
 
+    def representatives(self) -> tuple:
+        """Per input, the smallest input its input rows equate it with (``_equated``: a pair
+        of rows a·X_i - a·X_j <= 0 and >= 0, what ``(== X_i X_j)`` in a disjunct gives), itself
+        when none. Inputs with one representative are one variable of the region (``merged``):
+        bounding them apart over the box ignores the equality, and no attack point meets it."""
+        return _representatives(self.lower.size, _equated(self.input_rows))
+
+    def merged(self):
+        """This region over one variable per class of ``representatives`` (in the order of
+        the representatives), or None when it holds no input: the class's box is the
+        intersection of its members' boxes (all members are equal), and every input row has
+        each input replaced by its representative's variable (``_substituted``). Exact: x is
+        in the merged region iff ``expand(x)`` is in this one."""
+        reps = self.representatives()
+        new = {k: n for n, k in enumerate(sorted(set(reps)))}
+        at = np.array([new[r] for r in reps], dtype=np.int64)
+        box = self.exact_box()
+        lo, hi = _shared_bounds([(a, sa) for a, sa, _, _ in box], [(b, sb) for _, _, b, sb in box], reps)
+        box = [(*lo[k], *hi[k]) for k in sorted(new)]
+        rows = _substituted(self.input_rows, at)
+        if rows is None or any(a > b or (a == b and (sa or sb)) for a, sa, b, sb in box):
+            return None
+        lower, upper = np.full(len(new), -np.inf), np.full(len(new), np.inf)
+        np.maximum.at(lower, at, self.lower)
+        np.minimum.at(upper, at, self.upper)
+        return Region(lower, upper, self.disjuncts, tuple(box), self.rows, rows)
+
+    def expand(self, x) -> np.ndarray:
+        """A point of ``merged()`` (one value per class) as a point of this region: every
+        input takes its representative's value."""
+        reps = self.representatives()
+        new = {k: n for n, k in enumerate(sorted(set(reps)))}
+        return np.asarray(x).reshape(-1)[[new[r] for r in reps]]
+
     def satisfied_exactly(self, y) -> bool:
         """Does output y (flat floats, each taken as its exact rational, e.g. a model's float32
         outputs) satisfy some disjunct as written (Σ a_j y_j < r or <= r, in rationals)? A
@@ -150,6 +190,64 @@ def _holds(v, r, strict) -> bool:
 def _inside(q, b) -> bool:
     lo, lo_strict, hi, hi_strict = b
     return (q > lo if lo_strict else q >= lo) and (q < hi if hi_strict else q <= hi)
+
+
+def _equated(xrows) -> list:
+    """Pairs (i, j), i < j, of inputs that input rows ((coefs, r, strict), coefs sorted by
+    input) make equal: a·X_i - a·X_j <= 0 and -a·X_i + a·X_j <= 0 (any a, both non-strict),
+    as ``(== X_i X_j)`` or ``(<= X_i X_j) (>= X_i X_j)`` give. Only these pure equalities
+    (no offset, no third input) are one variable; other rows stay rows of the polytope."""
+    signs = {}
+    for coefs, r, strict in xrows:
+        if len(coefs) == 2 and r == 0 and not strict and coefs[0][1] == -coefs[1][1]:
+            signs.setdefault((coefs[0][0], coefs[1][0]), set()).add(coefs[0][1] > 0)
+    return sorted(pair for pair, s in signs.items() if len(s) == 2)
+
+
+def _shared_bounds(lo, hi, reps) -> tuple:
+    """(lo, hi) per input: the tightest lower and upper bound ((value, strict), or None when
+    no member has one) over the inputs with its representative. Exact, not a relaxation:
+    inputs made equal lie within each other's bounds."""
+    best_lo, best_hi = {}, {}
+    for i, r in enumerate(reps):
+        if lo[i] is not None:
+            best_lo[r] = _tighter(best_lo.get(r), lo[i], False)
+        if hi[i] is not None:
+            best_hi[r] = _tighter(best_hi.get(r), hi[i], True)
+    return [best_lo.get(r) for r in reps], [best_hi.get(r) for r in reps]
+
+
+def _substituted(xrows, at) -> tuple | None:
+    """Input rows with input i replaced by variable ``at[i]`` (coefficients of one variable
+    summed); a row left without variables (an equality's 0 <= 0) is dropped when it holds,
+    and None is returned when it fails (no input satisfies the rows)."""
+    out = set()
+    for coefs, r, strict in xrows:
+        acc = {}
+        for i, a in coefs:
+            acc[int(at[i])] = acc.get(int(at[i]), Fraction(0)) + a
+        acc = tuple(sorted((k, a) for k, a in acc.items() if a))
+        if not acc and not _holds(Fraction(0), r, strict):
+            return None
+        if acc:
+            out.add((acc, r, strict))
+    return tuple(sorted(out))
+
+
+def _representatives(n, pairs) -> tuple:
+    """Per index 0..n-1, the smallest index joined to it by ``pairs`` (union-find)."""
+    parent = list(range(n))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, b in pairs:
+        ra, rb = root(a), root(b)
+        parent[max(ra, rb)] = min(ra, rb)
+    return tuple(root(i) for i in range(n))
 
 
 def _ceil_in(q: Fraction, strict: bool, dtype):
@@ -335,31 +433,23 @@ class _Vars:
             self.ny = max(self.ny, t.offset + t.size)
 
     def name_of(self, role, i) -> str:
-        """The written name of element i of the X or Y vector (X_i in 1.0, X[0,i] in 2.0)."""
+        """The written name of element i of the X or Y vector (X_i in 1.0, X[0,i] in 2.0); an
+        input equated across networks (``equate``) by all its names, "X[0] = A[0]"."""
+        names = []
         for t in self.tensors:
             if ("X" if t.role == "X" else "Y") == role and i in t.indices():
                 idx = np.unravel_index(t.indices().index(i), t.shape) if t.shape else ()
-                return f"{t.name}[{','.join(str(int(k)) for k in idx)}]"
-        return f"{role}_{i}"
+                names.append(f"{t.name}[{','.join(str(int(k)) for k in idx)}]")
+        return " = ".join(names) or f"{role}_{i}"
 
     def equate(self, pairs) -> None:
         """Make the input elements of each pair (flat indices of X) one variable: X keeps one
         position per class (in order of their first index), every reference and every input
         tensor's ``positions`` follow. Exact when the pairs are top-level equalities."""
-        parent = list(range(self.nx))
-
-        def root(i):
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        for a, b in pairs:
-            ra, rb = root(a), root(b)
-            parent[max(ra, rb)] = min(ra, rb)
-        reps = sorted({root(i) for i in range(self.nx)})
+        roots = _representatives(self.nx, pairs)
+        reps = sorted(set(roots))
         new = {r: k for k, r in enumerate(reps)}
-        self.alias = {i: new[root(i)] for i in range(self.nx)}
+        self.alias = {i: new[roots[i]] for i in range(self.nx)}
         self.nx = len(reps)
         self.tensors = [dataclasses.replace(t, positions=tuple(self.alias[i] for i in t.indices()))
                         if t.role == "X" else t for t in self.tensors]
@@ -669,14 +759,39 @@ def _term(atoms, vars_, where):
         elif roles == {"Y"}:
             rows.append((tuple(sorted((j, a) for (_, j), a in coefs.items())), -c, strict, loc))
         else:
-            raise ValueError(f"{loc}: unsupported constraint mixing inputs and outputs")
+            raise ValueError(_mixed(vars_, coefs, loc))
+    lo, hi = _shared_bounds(lo, hi, _representatives(nx, _equated(xrows)))  # X_i = X_j: one box
     for i in range(nx):
         if lo[i] is None or hi[i] is None:
-            raise ValueError(f"{_at(where, _Line(vars_.line_of('X', i)))}: input {vars_.name_of('X', i)} has no "
-                             f"{'lower' if lo[i] is None else 'upper'} bound (every input needs a box)")
+            raise ValueError(_unbounded(vars_, where, i, "lower" if lo[i] is None else "upper", atoms))
     if any(a > b or (a == b and (sa or sb)) for (a, sa), (b, sb) in zip(lo, hi)):
         return None
     return tuple((a, sa, b, sb) for (a, sa), (b, sb) in zip(lo, hi)), rows, tuple(sorted(set(xrows)))
+
+
+def _mixed(vars_, coefs, loc) -> str:
+    """The error for a constraint relating inputs to outputs or hidden values (of one network
+    or across networks): the standard's theory MNC, which softcert does not read (a sound
+    bound would need the input in the output's linear bound, an attack the relation kept)."""
+    names = [vars_.name_of(r, i) for r, i in sorted(coefs)]
+    return (f"{loc}: unsupported constraint mixing inputs and outputs ({', '.join(names[:4])}"
+            f"{', ...' if len(names) > 4 else ''}): a comparison of an input with an output or hidden value is the "
+            f"theory MNC, which softcert does not support (supports --multiple-node-comparison-theories: SNC); "
+            f"constrain inputs and outputs in separate comparisons")
+
+
+def _unbounded(vars_, where, i, side, atoms) -> str:
+    """The error for input i without a ``side`` bound in the DNF term ``atoms``: its
+    declaration, the lines of the term's constraints (which disjunct), what to write."""
+    name = vars_.name_of("X", i)
+    one = name.split(" = ")[0]  # an input equated across networks: one of its names
+    lines = sorted({int(m.group(1)) for *_, loc in atoms if (m := re.search(r":(\d+)$", loc))})
+    where_ = f" in the conjunction of the constraints on line{'s' if len(lines) > 1 else ''} " \
+        f"{', '.join(map(str, lines))}" if lines else ""
+    return (f"{_at(where, _Line(vars_.line_of('X', i)))}: input {name} has no {side} bound{where_} (every input "
+            f"needs a box in every disjunct); write its bounds there or at the top level, e.g. (assert (and "
+            f"(>= {one} LO) (<= {one} HI))), or equate it there or at the top level with an input that has "
+            f"bounds, e.g. (== {one} OTHER), which makes the two one variable")
 
 
 class _Line:

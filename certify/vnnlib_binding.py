@@ -13,15 +13,20 @@ the graph of exactly the property's layout (X: the inputs in order, inputs equat
 networks at one position, ``Tensor.indices``; Y: per network its outputs, then its hidden
 values); ``check_bound(prop, network)`` refuses models whose values do not have the declared
 sizes, naming the variable; ``model_dtypes`` gives the ONNX element type bound to each one.
+``solve(network, prop, ...)`` is ``certify.vnncomp.solve`` with the inputs that a region's
+disjuncts equate read as one variable (``merged_network``, ``Region.merged``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 
 import numpy as np
 from onnx import helper
 
-from softcert.certify.onnx_graph import OnnxNetwork
+from softcert.certify import vnncomp
+from softcert.certify.onnx_graph import OnnxNetwork, read_product
 from softcert.certify.vnnlib import Property
 
 
@@ -124,3 +129,61 @@ def positions(prop: Property) -> dict:
     """name -> ("X" | "Y", indices) of every declared tensor: where its values are in a
     counterexample's x and y (``certify.solver_interface``)."""
     return {t.name: ("X" if t.role == "X" else "Y", t.indices()) for t in prop.tensors}
+
+
+def merged_network(network: OnnxNetwork, reps) -> OnnxNetwork:
+    """``network``'s models read again with input i taken from the position of its class in
+    a shorter X (one per distinct ``reps[i]``, in order; ``Region.representatives``): the
+    graph of a region whose disjuncts equate inputs, so that its bounds see them as one."""
+    new = {k: n for n, k in enumerate(sorted(set(reps)))}
+    specs = [{"model": p.model, "inputs": [name for name, _, _ in p.inputs],
+              "outputs": [name for name, _ in p.outputs[:len(p.outputs) - len(p.hidden)]], "hidden": list(p.hidden),
+              "positions": [[new[reps[i]] for i in pos] for _, _, pos in p.inputs]} for p in network.parts]
+    return read_product(specs, len(new))
+
+
+def solve(network: OnnxNetwork, prop, timeout: float, method: str = "auto", **options):
+    """``certify.vnncomp.solve`` of ``prop`` (a Property or Regions) on ``network``, with
+    inputs that a region's disjuncts equate (``(== X[0] A[0])`` inside an ``or``:
+    ``Region.representatives``) made one variable: the regions are grouped by what they
+    equate, and each group with equalities is solved on ``merged_network`` over its
+    ``Region.merged`` regions (bounding them apart over the box would ignore the equality, and
+    no attack point would meet it). A counterexample is expanded back (``Region.expand``) and
+    checked against the region as written. Groups share ``timeout``; the first ``sat`` ends
+    the search, else ``timeout``, ``unknown`` or ``unsat`` over all groups."""
+    start, regions = time.monotonic(), tuple(getattr(prop, "regions", prop))
+    groups: dict = {}
+    for r in regions:
+        groups.setdefault(r.representatives(), []).append(r)
+    done = []
+    for reps, group in groups.items():
+        left = timeout - (time.monotonic() - start)
+        if left <= 0:
+            done.append(dataclasses.replace(done[-1], result="timeout") if done else
+                        vnncomp.Verdict("timeout", None, 0.0, method, vnncomp.ASSUMPTIONS))
+            break
+        v = _solve_group(network, reps, group, left, method, options)
+        if v.result == "sat":
+            return dataclasses.replace(v, seconds=time.monotonic() - start)
+        done.append(v)
+    if not done:
+        return vnncomp.solve(network, (), timeout, method, **options)
+    word = next((w for w in ("timeout", "unknown") if any(v.result == w for v in done)), "unsat")
+    return dataclasses.replace(done[0], result=word, seconds=time.monotonic() - start,
+                               boxes=sum(v.boxes for v in done))
+
+
+def _solve_group(network, reps, group, timeout, method, options):
+    """One group of ``solve``: the regions as they are when they equate nothing, else merged
+    (regions that hold no input dropped) with the counterexample expanded and checked."""
+    if reps == tuple(range(len(reps))):
+        return vnncomp.solve(network, group, timeout, method, **options)
+    merged = [(r, m) for r, m in ((r, r.merged()) for r in group) if m is not None]
+    v = vnncomp.solve(merged_network(network, reps), [m for _, m in merged], timeout, method, **options)
+    if v.result != "sat":
+        return v
+    x, y = v.counterexample
+    x = group[0].expand(x)
+    if not any(r.contains(x) and r.satisfied_exactly(y) for r, _ in merged):  # never a wrong sat
+        return dataclasses.replace(v, result="unknown", counterexample=None)
+    return dataclasses.replace(v, counterexample=(tuple(float(q) for q in x), y))

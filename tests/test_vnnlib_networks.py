@@ -142,11 +142,12 @@ def test_network_refusals(tmp_path, capsys, models):
         parse_vnnlib(query("equal-to", APART).replace("(equal-to f)", "(equal-to h)"), "q.vnnlib")
     with pytest.raises(ValueError, match=r"network f is declared twice"):
         parse_vnnlib(query("equal-to", APART).replace("declare-network g", "declare-network f"), "q.vnnlib")
-    # an equality inside a disjunction equates nothing: A then needs its own bounds
+    # an equality inside a disjunction bounds A in that disjunct only: in the first, A[0,1]
+    # has no bounds (tests/test_vnnlib_equalities.py)
     text = query("equal-to", APART, equate=False).replace(
         "(assert (and (>= A[0,0] 0.5) (<= A[0,0] 1.0) (>= A[0,1] 0.5) (<= A[0,1] 1.0)))",
         "(assert (or (== A[0,0] X[0,0]) (== A[0,1] X[0,1])))")
-    with pytest.raises(ValueError, match=r"input A\[0,0\] has no lower bound"):
+    with pytest.raises(ValueError, match=r"input A\[0,1\] has no lower bound"):
         parse_vnnlib(text, "q.vnnlib")
 
 

@@ -1,8 +1,9 @@
 """``softcert vnncomp MODEL.onnx PROPERTY.vnnlib --timeout S --out RESULT``: one VNN-COMP instance.
 
 Reads the ONNX model (certify.onnx_graph.read_onnx) and the VNN-LIB 1.0/2.0 property
-(certify.vnnlib.read_vnnlib; ``.gz`` accepted), decides it with certify.vnncomp.solve in
-what is left of the time budget after loading, and writes the VNN-COMP result file (``sat``
+(certify.vnnlib.read_vnnlib; ``.gz`` accepted), decides it with certify.vnncomp.solve (through
+certify.vnnlib_binding.solve: inputs a disjunct equates are one variable) in what is left of
+the time budget after loading, and writes the VNN-COMP result file (``sat``
 with the counterexample, ``unsat``, ``unknown`` or ``timeout``) plus RESULT.json beside it
 (verdict, seconds, method, assumptions, command). Prints the word. ``--device cuda`` bounds
 and attacks on a GPU (certify.vnncomp.solve's ``device``; default the CPU); a counterexample
@@ -12,6 +13,11 @@ The budget counts from the start of the ``softcert`` process (softcert.cli.wallc
 and imports included, as a harness times it); if the solver has not answered by then, a
 watchdog writes the ``timeout`` result and ends the process. Called in-process through
 softcert.cli.main, the clock starts with the call and no watchdog runs.
+
+A 2.0 property that declares several networks is read when every network after the first is
+``(equal-to FIRST)``: MODEL is each of them (one product graph). Otherwise each network needs
+its own file, which one MODEL argument cannot give: exit 2 with an error naming the property
+and the ``softcert vnnlib verify PROPERTY --network NAME=FILE ...`` command that takes them.
 """
 from __future__ import annotations
 
@@ -86,19 +92,15 @@ def run(args) -> int:
 
 
 def _decide(args, start, deadline):
-    from softcert.certify.onnx_graph import read_onnx
-    from softcert.certify.vnncomp import SOLVE_METHODS, solve
+    from softcert.certify.vnncomp import SOLVE_METHODS
     from softcert.certify.vnnlib import read_vnnlib
-    from softcert.certify.vnnlib_binding import check_bound, read_options
+    from softcert.certify.vnnlib_binding import check_bound, solve
 
     device = devices.device_of(args.device)  # refused by name before the files are read
     if args.method not in SOLVE_METHODS:
         raise ValueError(f"--method: expected one of {', '.join(SOLVE_METHODS)}, got {args.method!r}")
     prop = read_vnnlib(args.property)
-    if len(prop.networks) > 1:
-        raise ValueError(f"{args.property}: declares {len(prop.networks)} networks; softcert vnncomp takes one model "
-                         f"(use softcert vnnlib verify with one --network per network)")
-    network = read_onnx(args.model, **read_options(prop))  # several inputs, outputs, hidden values
+    network = _network(args, prop)
     check_bound(prop, network, args.property)
     left = deadline - time.monotonic() - wallclock.MARGIN
     if left <= 0:
@@ -106,3 +108,24 @@ def _decide(args, start, deadline):
 
         return Verdict("timeout", None, time.monotonic() - start, args.method, "the budget ran out while loading")
     return solve(network, prop, left, args.method, max_boxes=args.max_boxes, device=device)
+
+
+def _network(args, prop):
+    """The graph of MODEL for ``prop``: its inputs, outputs and hidden values
+    (``read_options``); a property that declares several networks only when every one after
+    the first is ``(equal-to FIRST)`` (MODEL again, a product graph). Others need a model per
+    network, which this command's one MODEL argument cannot give: ValueError naming the
+    property file and the command that takes them."""
+    from softcert.certify.onnx_graph import read_onnx, read_product
+    from softcert.certify.vnnlib_binding import model_files, parts, read_options
+
+    if len(prop.networks) <= 1:
+        return read_onnx(args.model, **read_options(prop))  # several inputs, outputs, hidden values
+    first = prop.networks[0][0]
+    own = [n for n, rel, target in prop.networks[1:] if (rel, target) != ("equal-to", first)]
+    if own:
+        names = " ".join(f"--network {n}=FILE" for n, rel, _ in prop.networks if rel != "equal-to")
+        raise ValueError(f"{args.property}: declares {len(prop.networks)} networks, and {', '.join(own)} "
+                         f"{'is' if len(own) == 1 else 'are'} not (equal-to {first}); softcert vnncomp takes one model. "
+                         f"Use: softcert vnnlib verify {args.property} {names} --timeout {args.timeout:g}")
+    return read_product(parts(prop, model_files(prop, [(first, args.model)], "model")), prop.n_inputs)

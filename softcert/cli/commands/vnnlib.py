@@ -81,11 +81,14 @@ ONNX_OPERATORS = tuple(op for op in ONNX_OPERATORS_READ if op not in PARTIAL_OPE
 #: certify.vnnlib_binding), several networks (SNET, MENET, MINET, MNET: a product graph;
 #: inputs equated across networks by top-level (== A[i] X[i]) share one variable), no assertion
 #: relating an input and an output (SNC: comparisons of outputs and hidden values with each
-#: other are read, but MNC also admits inputs against outputs, which is refused; so is, under
-#: several networks, a linear constraint relating one network's inputs to another's outputs),
-#: bounds on single inputs, linear constraints over the outputs and over several inputs (BND,
-#: OUTC, LIN: an input polytope, certify.vnnlib.Region.input_rows; each input needs its own
-#: bounds, or to be equated with an input that has them)
+#: other are read, but MNC also admits inputs against outputs, which is refused as MNC by
+#: name; so is, under several networks, a constraint relating one network's inputs to
+#: another's outputs), bounds on single inputs, linear constraints over the outputs and over
+#: several inputs (BND, OUTC, LIN: an input polytope, certify.vnnlib.Region.input_rows; an
+#: equality of two inputs inside a disjunct makes them one variable of that disjunct's region,
+#: Region.merged and vnnlib_binding.solve; in every disjunct each input needs bounds of its own
+#: or an equality with an input that has them). tests/test_vnnlib_theories.py answers a query
+#: of every theory listed here and checks that nothing else is claimed
 THEORIES = {
     "hidden-node-theories": ("NH", "H"),
     "multiple-input-output-theories": ("SIO", "MIO"),
@@ -198,9 +201,9 @@ def _verify(args, deadline, watchdog) -> int:
         raise ValueError("--unsat-proofs: softcert produces no UNSAT proofs (supports --unsat-proofs: false)")
     from softcert.certify import solver_interface as si
     from softcert.certify.onnx_graph import read_product
-    from softcert.certify.vnncomp import SOLVE_METHODS, Verdict, solve
+    from softcert.certify.vnncomp import SOLVE_METHODS, Verdict
     from softcert.certify.vnnlib import read_vnnlib
-    from softcert.certify.vnnlib_binding import check_bound, model_dtypes, model_files, parts, positions
+    from softcert.certify.vnnlib_binding import check_bound, model_dtypes, model_files, parts, positions, solve
 
     device = devices.device_of(args.device)  # refused by name before the files are read
 
