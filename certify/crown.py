@@ -31,6 +31,7 @@ from softcert.certify.ops import (
     charge,
     floor_charge,
     gamma_charge,
+    host,
     magnitude,
     scale_charge,
     sub_down,
@@ -190,10 +191,13 @@ def backward(state, target, A, *, alphas=None, vertex_pv=(), constraints=None):
     any beta >= 0 is sound, the multipliers only change tightness).
     The arithmetic is the state's (``propagate``'s options).
     Invariant (sound): A·x_target >= Σ_j coef_j·x_j + bias for every real input in the box,
-    with the float64 coef and bias as they stand; each step keeps it by charging its error."""
+    with the float64 coef and bias as they stand; each step keeps it by charging its error.
+    Off the CPU the operators' tests (domain checks, infinite weights) are read once, at the
+    end (``ops.host.read_once``)."""
     mode = _mode(state)
     with rounding(mode):
-        return _backward(state, target, A, alphas, vertex_pv, mode == "sound", constraints or {})
+        return host.read_once(lambda: _backward(state, target, A, alphas, vertex_pv, mode == "sound",
+                                                constraints or {}), A)
 
 
 def _lagrangian(state, i, lo, hi, blo, bhi, bias, sound):
@@ -232,8 +236,9 @@ def _backward(state, target, A, alphas, vertex_pv, sound, constraints):
             bias = add(bias, vertex_pv_term(state, i, Ai))
             continue
         alpha = None if alphas is None else alphas.get(i)
-        if op.kind == "elementwise" and alpha is None:
-            new, b = op.step(Ai, _planes(state, i), state.bounds[node.inputs[0]])
+        planes = _planes(state, i) if op.kind == "elementwise" and alpha is None else _alpha_planes(state, i, alpha)
+        if planes is not None:
+            new, b = op.step(Ai, planes, state.bounds[node.inputs[0]])
         else:
             new, b = op.backward(node, Ai, [state.bounds[j] for j in node.inputs],
                                  [g.nodes[j].shape for j in node.inputs], state.consts.get(i), alpha)
@@ -252,6 +257,21 @@ def _planes(state, i):
         l, u = state.bounds[state.g.nodes[i].inputs[0]]
         state.planes[i] = state.g.nodes[i].operator.planes(l.unsqueeze(1), u.unsqueeze(1), None)
     return state.planes[i]
+
+
+def _alpha_planes(state, i, alpha):
+    """Node i's planes for ``alpha`` from its kept default planes (``_planes``), where its
+    operator's family reuses them (``Elementwise.alpha_planes``: the upper plane and its
+    Newton searches, once per box instead of once per pass) and its input's bounds carry no
+    gradient (kept planes with a graph would share it between passes); else None (the
+    operator's own backward step)."""
+    op = state.g.nodes[i].operator
+    if alpha is None or getattr(op, "alpha_planes", None) is None:
+        return None
+    l, u = state.bounds[state.g.nodes[i].inputs[0]]
+    if l.requires_grad or u.requires_grad:
+        return None
+    return op.alpha_planes(l.unsqueeze(1), u.unsqueeze(1), alpha, _planes(state, i))
 
 
 def vertex_pv_term(state, pv, A):
@@ -295,16 +315,26 @@ def crown_node(state, i, select=None, optimise=0, lr=0.1, deadline=None):
     widest = max(_numel(n.shape) for n in state.g.nodes[: i + 1])
     half = max(1, state.options.chunk_elements // (2 * b * widest))
     device = state.bounds[0][0].device
-    lo = torch.full((b, m), -torch.inf, dtype=torch.float64, device=device)
-    hi = torch.full((b, m), torch.inf, dtype=torch.float64, device=device)
     if select is None:
         idx, valid = torch.arange(m, device=device).expand(b, m), torch.ones(b, m, dtype=torch.bool, device=device)
     else:
         sel = select.reshape(b, m)
-        k = int(sel.sum(1).max())
+        # off the CPU every element's rows are bounded unless optimised (no read of the count)
+        k = m if host.deferring(sel) and not optimise else int(sel.sum(1).max())
         # selected indices first, in order; the tail of shorter rows is padding
         idx = torch.argsort((~sel).to(torch.int8), dim=1, stable=True)[:, :k]
         valid = torch.gather(sel, 1, idx)
+    # the chunks' tests are read once, after the last (ops.host.read_once)
+    return host.read_once(lambda: _crown_chunks(state, i, (idx, valid), half, optimise, lr, deadline), idx)
+
+
+def _crown_chunks(state, i, rows, half, optimise, lr, deadline):
+    """``crown_node``'s bounds of node i from its rows (idx, valid) (B, k), ``half`` per chunk."""
+    shape = state.g.nodes[i].shape
+    idx, valid = rows
+    (b, m), device = (state.batch, _numel(shape)), idx.device
+    lo = torch.full((b, m), -torch.inf, dtype=torch.float64, device=device)
+    hi = torch.full((b, m), torch.inf, dtype=torch.float64, device=device)
     for s in range(0, idx.shape[1], half):
         if deadline is not None and time.monotonic() > deadline:
             break
@@ -469,7 +499,8 @@ def _decided(graph, users, l, u):
         return torch.zeros_like(exact)
     for c in users:
         try:
-            lw, lb, uw, ub = graph.nodes[c].operator.planes(l, u, None)
+            with host.at_once():  # the domain checks raise here, not at the end of an enclosing block
+                lw, lb, uw, ub = graph.nodes[c].operator.planes(l, u, None)
         except ValueError:  # an interval outside the operator's domain: decide nothing
             return torch.zeros_like(exact)
         exact = exact & (lw == uw) & (lb == ub)
@@ -585,6 +616,11 @@ def adam_ascent(bound, params, steps, lr, best, deadline=None):
     iterate (projected). It runs with gradients on even inside ``torch.no_grad()``. Steps
     not started by ``deadline`` (a ``time.monotonic()`` value) are skipped: every iterate is
     sound, so stopping early only costs tightness."""
+    return host.read_once(lambda: _adam_ascent(bound, params, steps, lr, best, deadline), best)
+
+
+def _adam_ascent(bound, params, steps, lr, best, deadline):
+    """``adam_ascent``'s loop; its operators' tests are read once, after it (``ops.host.read_once``)."""
     x = {k: p.start.detach().clone().requires_grad_(True) for k, p in params.items()}
     kept = {k: p.project(x[k].detach()) for k, p in params.items()}
     with torch.enable_grad():
@@ -600,8 +636,10 @@ def adam_ascent(bound, params, steps, lr, best, deadline=None):
                     w = better.view(*better.shape, *([1] * (a.dim() - 2)))
                     kept[k] = torch.where(w, params[k].project(a), kept[k])
             opt.zero_grad()
-            # rows already at -inf or NaN (no information) must not poison the others' steps
-            (-lo[torch.isfinite(lo)].sum()).backward()
+            # rows already at -inf or NaN (no information) must not poison the others' steps:
+            # masked without reading the mask (lo[fin] sizes its result on the host); the
+            # gradient is lo[fin].sum()'s, 1 on the finite entries and exactly 0 elsewhere
+            (-torch.where(torch.isfinite(lo), lo, 0.0).sum()).backward()
             opt.step()
             with torch.no_grad():
                 for k, a in x.items():

@@ -8,7 +8,8 @@ the certify module that makes them. The model has one splittable node (a ReLU la
 piecewise-linear relaxations, so every round runs the same code whatever its leaves: the count
 per round is one constant, the same at batch 4 and at batch 32, and any sync per leaf (in the
 engine or in the relaxations it calls) breaks the equality. docs/certify/bab.notes.md
-("Host synchronisations per round") has the numbers on a zoo model.
+("Host synchronisations per round", "Host reads in the relaxations") has the numbers on a zoo
+model; tests/test_certify_host_reads.py counts one CROWN pass.
 """
 import collections
 import math
@@ -22,6 +23,7 @@ from softcert.certify import bab
 from softcert.certify.bab import search
 from softcert.certify.bab.engine import LeafBounder, Rows
 from softcert.certify.graph_cache import graph_of
+from softcert.certify.ops import host
 from softcert.certify.spec import input_box, margin_spec
 
 
@@ -72,11 +74,17 @@ def _syncs(counts, modules=lambda m: True, uploads=False):
     return sum(v for (m, kind), v in counts.items() if modules(m) and (kind in UPLOADS) == uploads)
 
 
-def test_a_round_syncs_as_often_at_batch_4_as_at_batch_32(monkeypatch):
-    small, large = _rounds(4, monkeypatch), _rounds(32, monkeypatch)
+@pytest.mark.parametrize("policy", ["read", "defer"])
+def test_a_round_syncs_as_often_at_batch_4_as_at_batch_32(monkeypatch, policy):
+    """``policy``: the relaxations' reads (``certify.ops.host``): "read" as on the CPU (71 per
+    round), "defer" as on a GPU: one per ``read_once`` block, Adam's loop and the final pass."""
+    with host.reads(policy):
+        small, large = _rounds(4, monkeypatch), _rounds(32, monkeypatch)
     assert max(t for t, _ in small) == 4 and max(t for t, _ in large) == 32  # full batches were split
     per_round = {_syncs(c) for _, c in small + large}
     assert len(per_round) == 1, [(t, _syncs(c)) for t, c in small + large]
+    if policy == "defer":
+        assert per_round == {3}, per_round
     # the engine's own: the leaves' values and decisions read once; one upload of the batch
     # (groups and split constraints), one more for the attack's start points every other round
     in_bab = lambda m: m.startswith("bab/")  # noqa: E731

@@ -111,6 +111,7 @@ class LeafBounder:
             self.padded_rhs[k, : len(r)] = self.rhs[r]
         self.bounded = 0
         self._vertex_wins = torch.zeros((), dtype=torch.int64, device=self.device)  # read once, at the end
+        self._initial = (None, {})  # (root state, node -> its crown.initial_params): see _initial_params
         first = "full" if options.intermediate == "auto" else options.intermediate
         self.root = self.propagate(first, crown.Deadlines(hard=deadline))
 
@@ -236,7 +237,7 @@ class LeafBounder:
         W, out = self.width, {}
         for k in self.optimised:
             a = start.alphas.get(k) if start is not None else None
-            p = crown.initial_params(self.root, k, W)
+            p = self._initial_params(k)
             out[("alpha", k)] = Params(p.start.expand(B, *p.start.shape[1:]) if a is None else a, p.low, p.high)
         for i in cbounds:
             pair = start.betas.get(i) if start is not None else None
@@ -245,6 +246,18 @@ class LeafBounder:
                     a = torch.zeros(B, W, *self.g.nodes[i].shape, dtype=torch.float64, device=self.device)
                 out[(side, i)] = Params(a, 0.0, math.inf)  # any multiplier >= 0 is sound
         return out
+
+    def _initial_params(self, k):
+        """``crown.initial_params`` of node k on the root state for the rows' width, computed
+        once per root state: every round takes its range, the root round its start (a GELU or
+        sigmoid's default planes, with their Newton searches, were computed again each round)."""
+        root, params = self._initial
+        if root is not self.root:
+            root, params = self.root, {}
+            self._initial = (root, params)
+        if k not in params:
+            params[k] = crown.initial_params(root, k, self.width)
+        return params[k]
 
     @staticmethod
     def _split(values):

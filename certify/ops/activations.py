@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from softcert.certify.ops import host
 from softcert.certify.ops.core import Elementwise, register, tensor_of
 from softcert.kernels.floating import TINY, U64
 
@@ -48,6 +49,11 @@ LIBM_REL = 2 * LIBM_ULPS * U
 #: steps of the safeguarded Newton search for critical and tangent points (any point is
 #: sound: the search only decides tightness)
 SEARCH_STEPS = 64
+#: off the CPU (``host`` "defer") the search reads which elements still move (one host read,
+#: which also compacts them) only after these numbers of steps in all (``_solve_masked``);
+#: the last is SEARCH_STEPS. Measured on mnist-vit1 (alpha-CROWN, 113 searches): 99 ended
+#: within 16 steps, the rest within 27 (most elements converge in the first step)
+SEARCH_READS = (16, 32, SEARCH_STEPS)
 #: absolute error floor per unit |x| of every value and slope: covers results in or near the
 #: subnormal range (torch.sigmoid(t) is 0 for t < -709.78 where σ(t) < 5.6e-309; exp(-x²/2)
 #: underflows), far below any value that matters
@@ -248,43 +254,80 @@ def _g_upper(curve, sign, s, x):
 def _solve(fun, lo, hi, p, tol, done):
     """A point of [lo, hi] (1-D tensors) where the decreasing ``fun`` is within ``tol`` of 0:
     Newton steps kept inside the bracket, bisection otherwise (rtsafe). ``fun(x, idx)`` ->
-    (value, derivative) at the points x of the elements idx. Elements already ``done`` keep
-    ``p``; converged ones leave the working set."""
+    (value, derivative) at the points x of the elements idx (an index tensor, or
+    ``slice(None)``: all). Elements already ``done`` keep ``p``; an element keeps its point
+    once it has converged (|value| <= tol, or a bracket of rounding width). Under the "read"
+    policy (``host``; the CPU's) converged elements leave the working set after every step;
+    else ``_solve_masked``: the same iterates, with a read only every few steps."""
+    if host.deferring(p):
+        return _solve_masked(fun, lo, hi, p, tol, ~done)
     p = p.clone()
     idx = (~done).nonzero().squeeze(1)
     lo, hi, x, tol = lo[idx], hi[idx], p[idx], tol[idx]
     for _ in range(SEARCH_STEPS):
         if idx.numel() == 0:
             break
-        v, dv = fun(x, idx)
-        pos = v > 0
-        lo, hi = torch.where(pos, x, lo), torch.where(pos, hi, x)
-        fin = (v.abs() <= tol) | (hi - lo <= 4 * U * (lo.abs() + hi.abs()) + TINY)
-        step = x - v / dv
-        inside = (step > lo) & (step < hi)  # False for NaN
-        x = torch.where(fin, x, torch.where(inside, step, lo + (hi - lo) * 0.5))
+        lo, hi, x, fin = _newton_step(fun, idx, lo, hi, x, tol)
         p[idx] = x
         keep = (~fin).nonzero().squeeze(1)
         idx, lo, hi, x, tol = idx[keep], lo[keep], hi[keep], x[keep], tol[keep]
     return p
 
 
-def _critical(curve, sign, s, a, b):
+def _solve_masked(fun, lo, hi, p, tol, moving):
+    """``_solve`` on every element, those not ``moving`` (done or converged) kept in place by
+    a mask; the elements still moving are read (one ``nonzero``, which also compacts them)
+    only after SEARCH_READS steps in all. Each element takes the iterates it takes in
+    ``_solve``, and stops where it stops there (at convergence or after SEARCH_STEPS)."""
+    idx, x, steps = slice(None), p, 0
+    for reads in SEARCH_READS:
+        for _ in range(reads - steps):
+            lo, hi, new, fin = _newton_step(fun, idx, lo, hi, x, tol, moving)
+            x, moving = torch.where(moving, new, x), moving & ~fin
+        steps = reads
+        p = x if isinstance(idx, slice) else p.index_put((idx,), x)
+        keep = moving.nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        idx = keep if isinstance(idx, slice) else idx[keep]
+        lo, hi, x, tol, moving = lo[keep], hi[keep], x[keep], tol[keep], moving[keep]
+    return p
+
+
+def _newton_step(fun, idx, lo, hi, x, tol, moving=None):
+    """One rtsafe step at x: returns (lo, hi, x', fin), the bracket [lo, hi] shrunk to the
+    side of the root (fun decreases), x' = x where converged (``fin``), else the Newton point
+    x - v/v' where it falls inside the bracket, else the bracket's midpoint. ``moving``: the
+    elements whose step is used (the others' v/v' may be 0/0, which would make their unused
+    zero gradients NaN: it is taken as 0/1 there)."""
+    v, dv = fun(x, idx)
+    pos = v > 0
+    lo, hi = torch.where(pos, x, lo), torch.where(pos, hi, x)
+    fin = (v.abs() <= tol) | (hi - lo <= 4 * U * (lo.abs() + hi.abs()) + TINY)
+    if moving is not None:
+        v, dv = torch.where(moving, v, 0.0), torch.where(moving, dv, 1.0)
+    step = x - v / dv
+    inside = (step > lo) & (step < hi)  # False for NaN
+    return lo, hi, torch.where(fin, x, torch.where(inside, step, lo + (hi - lo) * 0.5)), fin
+
+
+def _critical(curve, sign, s, a, b, skip):
     """A point of [a, b] near the maximiser of the concave g = sign·(f - s x): an end when
-    g' does not change sign, else the root of the decreasing g'. No gradient: by the
-    envelope theorem d max g / ds = -sign·p, which the caller's g(p) carries."""
-    return _critical_point(curve, sign, s.detach(), a.detach(), b.detach())
+    g' does not change sign, else the root of the decreasing g'; no search where ``skip``
+    (None: everywhere; elsewhere any point will do). No gradient: by the envelope theorem
+    d max g / ds = -sign·p, which the caller's g(p) carries."""
+    return _critical_point(curve, sign, s.detach(), a.detach(), b.detach(), skip)
 
 
 @torch.no_grad()
-def _critical_point(curve, sign, s, a, b):
+def _critical_point(curve, sign, s, a, b, skip):
     ga = sign * (curve.slope(a)[0] - s)
     gb = sign * (curve.slope(b)[0] - s)
     at_a, at_b = ~(ga > 0), gb >= 0
     # stop when |g'(p)| (b - a) is below the rounding noise of the intercept
     tol = 2.0 ** -40 * (1 + s.abs() * (a.abs() + b.abs())) / (1 + (b - a))
     p = _solve(lambda x, i: (sign * (curve.slope(x)[0] - s[i]), sign * curve.second(x)),
-               a, b, a + (b - a) * 0.5, tol, at_a | at_b)
+               a, b, a + (b - a) * 0.5, tol, at_a | at_b if skip is None else at_a | at_b | skip)
     return torch.where(at_a, a, torch.where(at_b, b, p))
 
 
@@ -305,27 +348,44 @@ def _tangent_bound(curve, sign, s, a, b, p):
 
 def _sup(curve, sign, s, l, u):
     """Upper bound of max over [l, u] of sign·(f(x) - s x), for 1-D l <= u finite and slopes
-    s; piece by piece, each on the elements whose box meets it."""
+    s: the max over the curvature pieces [a, b] = [l, u] ∩ piece that the box meets (a <= b)
+    of the piece's bound (``_piece_sup``), each piece on the elements that meet it (``host``
+    "read"), or on every element, masked by a <= b (else: no read to select them; on the
+    others a > b and the value, finite, is unused)."""
     best = torch.full_like(l, -torch.inf)
+    masked = host.deferring(l)
     for lo, hi, c in curve.pieces:
         a, b = l.clamp(min=lo), u.clamp(max=hi)
+        if masked:
+            # s.clone(): each piece's gradients are summed apart and then added to s's, as
+            # the indexed s[idx] does (Adam in alpha-CROWN turns another rounding into another path)
+            meets = a <= b
+            v = _piece_sup(curve, sign, c * sign, s.clone(), a, b, ~meets)
+            best = torch.where(meets, torch.maximum(best, v), best)
+            continue
         idx = (a <= b).nonzero().squeeze(1)
         if idx.numel() == 0:
             continue
         a, b, s_ = a[idx], b[idx], s[idx]
-        kind = c * sign
-        if kind > 0:    # convex: the ends
-            v = torch.maximum(_g_upper(curve, sign, s_, a), _g_upper(curve, sign, s_, b))
-        elif kind == 0:  # sliver around an inflection point: ends plus the curvature term
-            h = b - a
-            v = torch.maximum(_g_upper(curve, sign, s_, a), _g_upper(curve, sign, s_, b))
-            term = curve.bound * h * h * (0.125 + U)
-            v = v + term + 2 * U * (v.abs() + term)
-        else:           # concave: tangent at the critical point
-            v = _tangent_bound(curve, sign, s_, a, b, _critical(curve, sign, s_, a, b))
+        v = _piece_sup(curve, sign, c * sign, s_, a, b, None)
         best[idx] = torch.maximum(best[idx], v)
     # an empty box (l > u) or NaN ends: no information, never a plane "f >= +inf"
     return torch.where(l <= u, best, torch.inf)
+
+
+def _piece_sup(curve, sign, kind, s, a, b, skip):
+    """Upper bound of max over [a, b] of g = sign·(f - s x) on a piece where g is convex
+    (``kind`` > 0: the larger end value), concave (< 0: the tangent at the critical point,
+    searched except where ``skip``, None: everywhere) or neither (0, a sliver [a, b] around
+    an inflection point: the ends plus M (b - a)²/8, M >= max|f''|)."""
+    if kind < 0:
+        return _tangent_bound(curve, sign, s, a, b, _critical(curve, sign, s, a, b, skip))
+    v = torch.maximum(_g_upper(curve, sign, s, a), _g_upper(curve, sign, s, b))
+    if kind > 0:
+        return v
+    h = b - a
+    term = curve.bound * h * h * (0.125 + U)
+    return v + term + 2 * U * (v.abs() + term)
 
 
 def intercepts(name, l, u, lw, uw):
@@ -360,12 +420,16 @@ def _tangent_through(curve, x0, lo, hi, skip):
 
 
 def _s_slopes(curve, l, u):
-    """CROWN's S-shape rules (convex on x <= 0, concave on x >= 0): (lower, upper) slopes."""
+    """CROWN's S-shape rules (convex on x <= 0, concave on x >= 0): (lower, upper) slopes.
+    On a box crossing 0 the upper slope is the tangent at d in [0, u] through (l, f(l)) when
+    that d exists (h_u = f(u) + f'(u)(l - u) - f(l) > 0), the lower one the tangent at d in
+    [l, 0] through (u, f(u)) when h_l = f(l) + f'(l)(u - l) - f(u) < 0; else the chord.
+    Whether any box crosses 0 is read only under the "read" policy (``host.maybe``)."""
     k, mid = _chord(curve, l, u)
     lower = torch.where(u <= 0, mid, k)
     upper = torch.where(l >= 0, mid, k)
     cross = (l < 0) & (u > 0)
-    if bool(cross.any()):
+    if host.maybe(cross.any()):
         zero = torch.zeros_like(l)
         fl, fu = curve.value(l)[0], curve.value(u)[0]
         # upper: the tangent at d in [0, u] through (l, f(l)), if that d exists (else the chord)
@@ -452,7 +516,8 @@ def _planes(name, image, slopes, unbounded=None, lo_floor=None):
     """planes(l, u, alpha) for the activation ``name``: slopes from ``slopes(l, u)``
     (either (lw, uw) or (lw, lb, uw, ub) when the intercepts came with the choice), the
     intercepts certified; infinite ends get the image's constant planes, refined by
-    ``unbounded(l, u, planes)`` when given; ``lo_floor``: a global lower bound of f."""
+    ``unbounded(l, u, planes)`` when given; ``lo_floor``: a global lower bound of f. Whether
+    any end is infinite is read only under the "read" policy (``host.maybe``)."""
     def planes(l, u, alpha=None):
         l, u = torch.broadcast_tensors(_as64(l), _as64(u))
         shape = l.shape
@@ -465,7 +530,7 @@ def _planes(name, image, slopes, unbounded=None, lo_floor=None):
             lb, ub = intercepts(name, lf, uf, lw, uw)
         else:
             lw, lb, uw, ub = out
-        if not bool(fin.all()):
+        if host.maybe(~fin.all()):
             ilo, ihi = image(l, u)
             # a box at +inf (or -inf) only comes from overflow: its plane must not claim
             # f >= +inf (or f <= -inf), which would "prove" anything downstream
@@ -485,13 +550,23 @@ def _with_alpha(name, default, slope_range):
     broadcasts with l, u, e.g. (B, S, *shape) in alpha-CROWN) the lower plane of slope
     smin + alpha (smax - smin), [smin, smax] = ``slope_range(l, u)`` (the range of f' on
     [l, u], which holds the slope of every best lower plane), with its certified
-    intercept: sound for every alpha, differentiable in alpha (d lb / ds = -argmin)."""
-    curve = CURVES[name]
+    intercept: sound for every alpha, differentiable in alpha (d lb / ds = -argmin). The
+    upper plane is the default's (``_alpha_planes``)."""
+    given = _alpha_planes(name, slope_range)
 
     def planes(l, u, alpha=None):
         out = default(l, u)
-        if alpha is None:
-            return out
+        return out if alpha is None else given(l, u, alpha, out)
+    return planes
+
+
+def _alpha_planes(name, slope_range):
+    """alpha_planes(l, u, alpha, out): ``_with_alpha``'s planes for ``alpha`` given the
+    default planes ``out`` on the same boxes (a caller that keeps them, ``certify.crown``,
+    saves computing them, and their Newton searches, again in every pass)."""
+    curve = CURVES[name]
+
+    def planes(l, u, alpha, out):
         lw0, lb0, uw, ub = out
         l, u, a = torch.broadcast_tensors(_as64(l), _as64(u), tensor_of(alpha, torch.float64, out[0].device))
         shape = l.shape
@@ -571,18 +646,20 @@ def _gelu_unbounded(l, u, const):
 
 def _sqrt_slopes(l, u):
     """Concave: the chord below, the tangent at the midpoint above."""
-    if bool((l < 0).any()):
-        raise ValueError("sqrt: input interval must be non-negative (l >= 0)")
+    _require_nonnegative(l)
     k, mid = _chord(CURVES["sqrt"], l, u)
     upper = torch.where(torch.isfinite(mid), mid, k)
     # f'(0) = inf: on [0, 0] any finite slope will do (the intercepts are certified)
     return torch.where(torch.isfinite(k), k, 0.0), torch.where(torch.isfinite(upper), upper, 0.0)
 
 
+def _require_nonnegative(l):
+    host.require(~(l < 0).any(), lambda: ValueError("sqrt: input interval must be non-negative (l >= 0)"))
+
+
 def _checked_sqrt_planes(planes):
     def checked(l, u, alpha=None):
-        if bool((_as64(l) < 0).any()):
-            raise ValueError("sqrt: input interval must be non-negative (l >= 0)")
+        _require_nonnegative(_as64(l))
         return planes(l, u, alpha)
     return checked
 
@@ -611,16 +688,20 @@ sqrt_planes = _checked_sqrt_planes(_planes("sqrt", sqrt_image, _sqrt_slopes, lo_
 register(Elementwise(name="gelu", description="x Φ(x) = 0.5 x (1 + erf(x/√2)) (GELU, exact form)",
                      fn=F.gelu, image=gelu_image, planes=gelu_planes,
                      slope_init=_alpha_init(_gelu_default, SLOPE_RANGES["gelu"]),
+                     alpha_planes=_alpha_planes("gelu", SLOPE_RANGES["gelu"]),
                      value_range=(GELU_ERF.minimum[0], None)))
 register(Elementwise(name="gelu_tanh", description="0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³))) (GELU, tanh form)",
                      fn=lambda t: F.gelu(t, approximate="tanh"), image=gelu_tanh_image, planes=gelu_tanh_planes,
                      slope_init=_alpha_init(_gelu_tanh_default, SLOPE_RANGES["gelu_tanh"]),
+                     alpha_planes=_alpha_planes("gelu_tanh", SLOPE_RANGES["gelu_tanh"]),
                      value_range=(GELU_TANH.minimum[0], None)))
 register(Elementwise(name="tanh", description="tanh(x)", fn=torch.tanh, image=tanh_image, planes=tanh_planes,
                      slope_init=_alpha_init(_tanh_default, SLOPE_RANGES["tanh"]),
+                     alpha_planes=_alpha_planes("tanh", SLOPE_RANGES["tanh"]),
                      monotone=True, value_range=(-1.0, 1.0)))
 register(Elementwise(name="sigmoid", description="1 / (1 + e^-x)", fn=torch.sigmoid, image=sigmoid_image,
                      planes=sigmoid_planes, slope_init=_alpha_init(_sigmoid_default, SLOPE_RANGES["sigmoid"]),
+                     alpha_planes=_alpha_planes("sigmoid", SLOPE_RANGES["sigmoid"]),
                      monotone=True, value_range=(0.0, 1.0)))
 register(Elementwise(name="sqrt", description="√x on x >= 0 (concave)", fn=torch.sqrt, image=sqrt_image,
                      planes=sqrt_planes, monotone=True, domain=(0.0, None), value_range=(0.0, None)))

@@ -32,6 +32,7 @@ from typing import ClassVar
 
 import torch
 
+from softcert.certify.ops import host
 from softcert.kernels.floating import SUBNORMAL_ULP, gamma
 
 KINDS = ("input", "affine", "elementwise", "bilinear")
@@ -63,7 +64,7 @@ def _limit(sign, t):
     """±inf as a 0-d tensor of t's dtype on t's device (made once per dtype and device)."""
     key = (sign, t.dtype, t.device)
     if key not in _LIMITS:
-        _LIMITS[key] = torch.tensor(sign * math.inf, dtype=t.dtype, device=t.device)
+        _LIMITS[key] = torch.full((), sign * math.inf, dtype=t.dtype, device=t.device)
     return _LIMITS[key]
 
 
@@ -124,11 +125,16 @@ def magnitude(l, u):
 
 
 def weighted_sum(W, v):
-    """Σ_rest W·v (B, S) for W (B, S, *shape) and v (B, 1, *shape) (or broadcastable): one
-    batched matrix product when v is shared by the S rows. Where v is ±inf and W is 0 the
-    term is 0 (a zero coefficient contributes exactly nothing, whatever the bound)."""
+    """Σ_rest W·v (B, S) for W (B, S, *shape) and v (B, 1, *shape) (or broadcastable, or a
+    number): one batched matrix product when v is shared by the S rows. Where v is ±inf and W
+    is 0 the term is 0 (a zero coefficient contributes exactly nothing, whatever the bound):
+    then a masked sum. The test for ±inf is ``host.infinite`` (inside ``host.read_once`` it
+    is read once at the block's end, not here)."""
+    if not isinstance(v, torch.Tensor) and isinstance(v, (int, float)):
+        # a number: the test on the host, and no copy of it to the device
+        return sum_rest(torch.where(W == 0, 0.0, W * v) if math.isinf(v) else W * v)
     v = tensor_of(v, W.dtype, W.device)
-    if torch.isinf(v).any():
+    if host.infinite(v):
         return sum_rest(torch.where(W == 0, 0.0, W * v))
     b, s = W.shape[:2]
     if W.dim() > 2 and v.dim() == W.dim() and v.shape[0] == b and v.shape[1] == 1 and v.shape[2:] == W.shape[2:]:
@@ -160,7 +166,9 @@ def gamma_charge(q, n):
 def floor_charge(n, mass, device=None):
     """A float64 >= n·2^-1074·mass: the absolute error of n rounded products that land in the
     subnormal range, each multiplied by at most ``mass`` (e.g. 1 + Σ max|x|; a number is made
-    a tensor on ``device``)."""
+    a 0-d tensor on ``device`` by a fill, not a copy from the host)."""
+    if not isinstance(mass, torch.Tensor) and isinstance(mass, (int, float)):
+        mass = torch.full((), mass, dtype=torch.float64, device=device)
     return up(tensor_of(mass, torch.float64, device) * (n * SUBNORMAL_ULP * GROW))
 
 
@@ -338,8 +346,11 @@ class Elementwise(Operator):
     f is defined for lo < x (planes raise ValueError, intervals are unbounded, outside it); ``convex``: f is
     convex on ``domain``; ``slope_init(l, u)``: when not None, ``alpha`` in ``alpha_range``
     ([0, 1]) parametrises a family of sound lower planes (alpha-CROWN optimises it) and this
-    is its starting value. ``split``: branch and bound splits the input at the midpoint
-    (``MIDPOINT``) unless the operator declares its own rule."""
+    is its starting value. ``alpha_planes(l, u, alpha, default)``: when not None, the planes
+    for ``alpha`` given the default planes ``default`` = planes(l, u, None) on the same boxes
+    (the family reuses part of them; ``certify.crown`` passes the ones it keeps). ``split``:
+    branch and bound splits the input at the midpoint (``MIDPOINT``) unless the operator
+    declares its own rule."""
 
     fn: Callable
     image: Callable
@@ -347,6 +358,7 @@ class Elementwise(Operator):
     domain: tuple = (None, None)
     convex: bool = False
     slope_init: Callable | None = None
+    alpha_planes: Callable | None = None
     alpha_range: tuple = (0.0, 1.0)
     split: SplitRule | None = MIDPOINT
     kind: ClassVar[str] = "elementwise"

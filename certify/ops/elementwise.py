@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from softcert.certify.ops import host
 from softcert.certify.ops.core import Elementwise, SplitRule, down, register, tensor_of, up
 from softcert.kernels.floating import EXP_ABS, EXP_REL, LOG_REL, SUBNORMAL_ULP, U64
 
@@ -209,8 +210,8 @@ def _positive(name, planes, strict=True):
     takes l = 0, an exp-sum that underflowed: its planes there fall back to the image's."""
     def checked(l, u, alpha=None):
         l = tensor_of(l)
-        if bool(((l <= 0) if strict else (l < 0)).any()):
-            raise ValueError(f"{name}: input interval must be {'positive' if strict else 'non-negative'}")
+        host.require(~((l <= 0) if strict else (l < 0)).any(),
+                     lambda: ValueError(f"{name}: input interval must be {'positive' if strict else 'non-negative'}"))
         return planes(l, u, alpha)
     return checked
 
@@ -307,8 +308,7 @@ def reciprocal_planes(l, u, alpha=None):
     ValueError for a box containing 0."""
     l, u = tensor_of(l, torch.float64), tensor_of(u, torch.float64)
     bad = _contains_zero(l, u)
-    if bool(bad.any()):
-        raise ValueError(_zero_message("reciprocal", l, u, bad))
+    host.require(~bad.any(), lambda: ValueError(_zero_message("reciprocal", l, u, bad)))
     below, a, b = _reflect(l, u)
     if alpha is not None:
         alpha = tensor_of(alpha, torch.float64, l.device)
@@ -331,8 +331,8 @@ class Reciprocal(Elementwise):
     def interval(self, node, ins, const=None):
         l, u = ins[0]
         bad = _straddles_zero(l, u)
-        if node is not None and bool(bad.any()):
-            raise ValueError(_zero_message(f"{self.name} at node {node.name!r}", l, u, bad))
+        if node is not None:
+            host.require(~bad.any(), lambda: ValueError(_zero_message(f"{self.name} at node {node.name!r}", l, u, bad)))
         lo, hi = self.image(l, u)
         return torch.where(bad, -torch.inf, lo), torch.where(bad, torch.inf, hi)
 
@@ -369,13 +369,15 @@ class Limited(Elementwise):
         limits = None if node is None else node.params.get("limits")
         if limits is not None:
             out = (lo < limits[0]) | (hi > limits[1])
-            if bool(out.any()):
-                k = int(out.flatten().nonzero()[0])
-                raise ValueError(f"{self.name} at node {node.name!r}: the output interval [{float(lo.flatten()[k]):.6g}, "
-                                 f"{float(hi.flatten()[k]):.6g}] (element {k}) leaves [{limits[0]:.6g}, {limits[1]:.6g}], "
-                                 f"the integers the target type holds exactly (outside, the cast is undefined, "
-                                 f"wraps or rounds); use a smaller input box")
+            host.require(~out.any(), lambda: self._outside(node, lo, hi, out, limits))
         return lo, hi
+
+    def _outside(self, node, lo, hi, out, limits):
+        k = int(out.flatten().nonzero()[0])
+        return ValueError(f"{self.name} at node {node.name!r}: the output interval [{float(lo.flatten()[k]):.6g}, "
+                          f"{float(hi.flatten()[k]):.6g}] (element {k}) leaves [{limits[0]:.6g}, {limits[1]:.6g}], "
+                          f"the integers the target type holds exactly (outside, the cast is undefined, "
+                          f"wraps or rounds); use a smaller input box")
 
 
 def _init(name):
