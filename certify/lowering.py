@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 from softcert.certify.graph import AttentionSite, Graph
-from softcert.certify.ops.core import context_setting
+from softcert.certify.ops.context import context_setting
 
 F64 = torch.float64
 # a finite stand-in for the -inf of an attention mask before exp; the masked probabilities

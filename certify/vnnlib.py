@@ -137,15 +137,14 @@ class Region:
         each input replaced by its representative's variable (``_substituted``). Exact: x is
         in the merged region iff ``expand(x)`` is in this one."""
         reps = self.representatives()
-        new = {k: n for n, k in enumerate(sorted(set(reps)))}
-        at = np.array([new[r] for r in reps], dtype=np.int64)
+        at = np.array(class_positions(reps), dtype=np.int64)
         box = self.exact_box()
         lo, hi = _shared_bounds([(a, sa) for a, sa, _, _ in box], [(b, sb) for _, _, b, sb in box], reps)
-        box = [(*lo[k], *hi[k]) for k in sorted(new)]
+        box = [(*lo[k], *hi[k]) for k in sorted(set(reps))]
         rows = _substituted(self.input_rows, at)
         if rows is None or any(a > b or (a == b and (sa or sb)) for a, sa, b, sb in box):
             return None
-        lower, upper = np.full(len(new), -np.inf), np.full(len(new), np.inf)
+        lower, upper = np.full(len(box), -np.inf), np.full(len(box), np.inf)
         np.maximum.at(lower, at, self.lower)
         np.minimum.at(upper, at, self.upper)
         return Region(lower, upper, self.disjuncts, tuple(box), self.rows, rows)
@@ -153,9 +152,7 @@ class Region:
     def expand(self, x) -> np.ndarray:
         """A point of ``merged()`` (one value per class) as a point of this region: every
         input takes its representative's value."""
-        reps = self.representatives()
-        new = {k: n for n, k in enumerate(sorted(set(reps)))}
-        return np.asarray(x).reshape(-1)[[new[r] for r in reps]]
+        return np.asarray(x).reshape(-1)[list(class_positions(self.representatives()))]
 
     def satisfied_exactly(self, y) -> bool:
         """Does output y (flat floats, each taken as its exact rational, e.g. a model's float32
@@ -232,6 +229,14 @@ def _substituted(xrows, at) -> tuple | None:
         if acc:
             out.add((acc, r, strict))
     return tuple(sorted(out))
+
+
+def class_positions(reps) -> tuple:
+    """Per index, the position of its class (its representative ``reps[i]``) among the
+    distinct representatives in increasing order: where its value is in the shorter vector
+    that holds one value per class."""
+    at = {r: k for k, r in enumerate(sorted(set(reps)))}
+    return tuple(at[r] for r in reps)
 
 
 def _representatives(n, pairs) -> tuple:
@@ -447,10 +452,8 @@ class _Vars:
         position per class (in order of their first index), every reference and every input
         tensor's ``positions`` follow. Exact when the pairs are top-level equalities."""
         roots = _representatives(self.nx, pairs)
-        reps = sorted(set(roots))
-        new = {r: k for k, r in enumerate(reps)}
-        self.alias = {i: new[roots[i]] for i in range(self.nx)}
-        self.nx = len(reps)
+        self.alias = dict(enumerate(class_positions(roots)))
+        self.nx = len(set(roots))
         self.tensors = [dataclasses.replace(t, positions=tuple(self.alias[i] for i in t.indices()))
                         if t.role == "X" else t for t in self.tensors]
 

@@ -27,7 +27,7 @@ from onnx import helper
 
 from softcert.certify import vnncomp
 from softcert.certify.onnx_graph import OnnxNetwork, read_product
-from softcert.certify.vnnlib import Property
+from softcert.certify.vnnlib import Property, class_positions
 
 
 def _in_layout(prop: Property, roles, network=None) -> list:
@@ -135,11 +135,11 @@ def merged_network(network: OnnxNetwork, reps) -> OnnxNetwork:
     """``network``'s models read again with input i taken from the position of its class in
     a shorter X (one per distinct ``reps[i]``, in order; ``Region.representatives``): the
     graph of a region whose disjuncts equate inputs, so that its bounds see them as one."""
-    new = {k: n for n, k in enumerate(sorted(set(reps)))}
+    at = class_positions(reps)
     specs = [{"model": p.model, "inputs": [name for name, _, _ in p.inputs],
               "outputs": [name for name, _ in p.outputs[:len(p.outputs) - len(p.hidden)]], "hidden": list(p.hidden),
-              "positions": [[new[reps[i]] for i in pos] for _, _, pos in p.inputs]} for p in network.parts]
-    return read_product(specs, len(new))
+              "positions": [[at[i] for i in pos] for _, _, pos in p.inputs]} for p in network.parts]
+    return read_product(specs, len(set(reps)))
 
 
 def solve(network: OnnxNetwork, prop, timeout: float, method: str = "auto", **options):

@@ -22,7 +22,6 @@ probability, so it lies in [0, 1]") are recorded on the graph node, not tested b
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import math
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from typing import ClassVar
 import torch
 
 from softcert.certify.ops import host
+from softcert.certify.ops.context import context_setting
 from softcert.kernels.floating import SUBNORMAL_ULP, gamma
 
 KINDS = ("input", "affine", "elementwise", "bilinear")
@@ -66,16 +66,6 @@ def _limit(sign, t):
     if key not in _LIMITS:
         _LIMITS[key] = torch.full((), sign * math.inf, dtype=t.dtype, device=t.device)
     return _LIMITS[key]
-
-
-@contextlib.contextmanager
-def context_setting(var: contextvars.ContextVar, value):
-    """``var`` holds ``value`` within the block (for this thread or task only)."""
-    token = var.set(value)
-    try:
-        yield
-    finally:
-        var.reset(token)
 
 
 def arithmetic(mode):
@@ -130,7 +120,7 @@ def weighted_sum(W, v):
     is 0 the term is 0 (a zero coefficient contributes exactly nothing, whatever the bound):
     then a masked sum. The test for ±inf is ``host.infinite`` (inside ``host.read_once`` it
     is read once at the block's end, not here)."""
-    if not isinstance(v, torch.Tensor) and isinstance(v, (int, float)):
+    if isinstance(v, (int, float)):
         # a number: the test on the host, and no copy of it to the device
         return sum_rest(torch.where(W == 0, 0.0, W * v) if math.isinf(v) else W * v)
     v = tensor_of(v, W.dtype, W.device)
@@ -167,7 +157,7 @@ def floor_charge(n, mass, device=None):
     """A float64 >= n·2^-1074·mass: the absolute error of n rounded products that land in the
     subnormal range, each multiplied by at most ``mass`` (e.g. 1 + Σ max|x|; a number is made
     a 0-d tensor on ``device`` by a fill, not a copy from the host)."""
-    if not isinstance(mass, torch.Tensor) and isinstance(mass, (int, float)):
+    if isinstance(mass, (int, float)):
         mass = torch.full((), mass, dtype=torch.float64, device=device)
     return up(tensor_of(mass, torch.float64, device) * (n * SUBNORMAL_ULP * GROW))
 

@@ -29,10 +29,11 @@ Outside any block (or inside ``at_once()``) every test reads at once.
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 
 import torch
+
+from softcert.certify.ops.context import context_setting
 
 #: "auto" (the default): "read" on the CPU, "defer" on any other device; see the module docstring
 POLICIES = ("auto", "read", "defer")
@@ -43,17 +44,12 @@ _PENDING = contextvars.ContextVar("certify_pending_reads", default=None)
 AT_ONCE = ()
 
 
-@contextlib.contextmanager
 def reads(policy):
     """Within the block the operators follow ``policy`` (``POLICIES``) on every device, e.g.
     "defer" on the CPU to count the reads a GPU run makes (tests/bab_sync_counter.py)."""
     if policy not in POLICIES:
         raise ValueError(f"reads: expected one of {POLICIES}, got {policy!r}")
-    token = _POLICY.set(policy)
-    try:
-        yield
-    finally:
-        _POLICY.reset(token)
+    return context_setting(_POLICY, policy)
 
 
 def deferring(t):
@@ -90,15 +86,10 @@ def infinite(v):
     return False
 
 
-@contextlib.contextmanager
 def at_once():
     """Within the block every test reads at once and no ``read_once`` block opens (for callers
     that catch a check's error, and for a block's second run)."""
-    token = _PENDING.set(AT_ONCE)
-    try:
-        yield
-    finally:
-        _PENDING.reset(token)
+    return context_setting(_PENDING, AT_ONCE)
 
 
 def read_once(fn, t):
