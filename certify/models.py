@@ -37,14 +37,37 @@ class Attention(nn.Module):
         return self.o(o)
 
 
-class Block(nn.Module):
-    """x + attn(norm1(x)), then x + mlp(norm2(x)); norms are Identity unless layer_norm."""
+class CentredLayerNorm(nn.Module):
+    """LayerNorm without the division by the standard deviation: (x - mean(x)) · w + b over
+    the last axis, the "no_var" LayerNorm that Xu et al. 2020 (auto_LiRPA, NeurIPS) use for
+    certified training of Transformers. It is affine, so its interval and its linear bounds are
+    exact up to rounding, where the standard one's 1/std has no useful interval once the box is
+    wider than the features' spread (docs/certify/training.md measures both)."""
 
-    def __init__(self, dim: int, heads: int, mlp: int, layer_norm: bool):
+    def __init__(self, dim: int):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim) if layer_norm else nn.Identity()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        return (x - x.mean(dim=-1, keepdim=True)) * self.weight + self.bias
+
+
+def _norm(dim: int, layer_norm: bool, norm_variance: bool) -> nn.Module:
+    if not layer_norm:
+        return nn.Identity()
+    return nn.LayerNorm(dim) if norm_variance else CentredLayerNorm(dim)
+
+
+class Block(nn.Module):
+    """x + attn(norm1(x)), then x + mlp(norm2(x)); norms are Identity unless layer_norm,
+    centred only (``CentredLayerNorm``) unless norm_variance."""
+
+    def __init__(self, dim: int, heads: int, mlp: int, layer_norm: bool, norm_variance: bool = True):
+        super().__init__()
+        self.norm1 = _norm(dim, layer_norm, norm_variance)
         self.attn = Attention(dim, heads)
-        self.norm2 = nn.LayerNorm(dim) if layer_norm else nn.Identity()
+        self.norm2 = _norm(dim, layer_norm, norm_variance)
         self.fc1, self.relu, self.fc2 = nn.Linear(dim, mlp), nn.ReLU(), nn.Linear(mlp, dim)
 
     def forward(self, x):
@@ -57,7 +80,8 @@ class ViTConfig:
     """The architecture of a ``ViT``: ``image`` (C, H, W), square patches of side ``patch``
     (dividing H and W), width ``dim``, ``heads`` (dividing ``dim``), MLP width ``mlp``,
     ``depth`` blocks, ``classes`` logits, ``layer_norm`` (pre-norm blocks and a final norm;
-    else Identity) and ``pool`` ("mean" over tokens or the "cls" token). ``ViT.config`` is
+    else Identity), ``norm_variance`` (False: those norms are ``CentredLayerNorm``s, without
+    the division by the standard deviation) and ``pool`` ("mean" over tokens or the "cls" token). ``ViT.config`` is
     its dict (``asdict``), the form ``certify/train.py`` saves in the zoo checkpoints."""
 
     image: tuple = (1, 28, 28)
@@ -69,6 +93,7 @@ class ViTConfig:
     classes: int = 10
     layer_norm: bool = False
     pool: str = "mean"
+    norm_variance: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "image", tuple(self.image))
@@ -77,6 +102,9 @@ class ViTConfig:
             raise ValueError(f"patch: {self.patch} does not divide the image size {h}x{w}")
         if self.pool not in ("mean", "cls"):
             raise ValueError(f"pool: expected 'mean' or 'cls', got {self.pool!r}")
+        for name in ("layer_norm", "norm_variance"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
 
 
 class ViT(nn.Module):
@@ -100,9 +128,9 @@ class ViT(nn.Module):
         n = self.tokens + (pool == "cls")
         self.pos = nn.Parameter(0.02 * torch.randn(n, dim))
         self.cls = nn.Parameter(torch.zeros(dim)) if pool == "cls" else None
-        self.blocks = nn.ModuleList(Block(dim, config.heads, config.mlp, config.layer_norm)
+        self.blocks = nn.ModuleList(Block(dim, config.heads, config.mlp, config.layer_norm, config.norm_variance)
                                     for _ in range(config.depth))
-        self.norm = nn.LayerNorm(dim) if config.layer_norm else nn.Identity()
+        self.norm = _norm(dim, config.layer_norm, config.norm_variance)
         self.head = nn.Linear(dim, config.classes)
 
     def patchify(self, x):

@@ -17,6 +17,7 @@ def _graph_forward(g, z):
 
 @pytest.mark.parametrize("cfg", [
     dict(depth=1), dict(depth=2, layer_norm=True, pool="cls"), dict(depth=1, pool="cls"),
+    dict(depth=2, layer_norm=True, norm_variance=False),
 ])
 def test_graph_matches_model(cfg):
     torch.manual_seed(0)
@@ -91,7 +92,7 @@ def test_vit_from_config_or_fields():
     a = ViT(ViTConfig(**fields))
     torch.manual_seed(0)
     b = ViT(**fields)
-    assert a.config == b.config == dict(fields, image=(1, 4, 4), depth=1)
+    assert a.config == b.config == dict(fields, image=(1, 4, 4), depth=1, norm_variance=True)
     assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
     with pytest.raises(ValueError, match="config"):
         ViT(ViTConfig(), dim=8)
@@ -101,3 +102,41 @@ def test_vit_from_config_or_fields():
         ViT(image=(1, 4, 4), patch=3)
     with pytest.raises(ValueError, match="pool"):
         ViTConfig(pool="max")
+    with pytest.raises(ValueError, match="norm_variance"):
+        ViTConfig(layer_norm=True, norm_variance="no")
+
+
+def test_centred_layer_norm_and_its_certificates():
+    """norm_variance=False: every norm is (x - mean x)·w + b (no division by the standard
+    deviation); certify's CROWN margins and the training IBP margins of such a model lie below
+    the margins at 300 points of the box (the corners included)."""
+    from softcert import certify
+    from softcert.certify.models import CentredLayerNorm
+
+    torch.manual_seed(1)
+    m = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3, depth=2, layer_norm=True,
+            norm_variance=False).double().eval()
+    norms = [m.norm] + [b.norm1 for b in m.blocks] + [b.norm2 for b in m.blocks]
+    assert all(isinstance(n, CentredLayerNorm) for n in norms)
+    with torch.no_grad():
+        m.norm.weight.uniform_(0.5, 2.0)
+        m.norm.bias.uniform_(-1.0, 1.0)
+    t = torch.randn(3, 5, 8, dtype=torch.float64) * 4
+    expect = (t - t.mean(-1, keepdim=True)) * m.norm.weight + m.norm.bias
+    torch.testing.assert_close(m.norm(t), expect, rtol=0, atol=1e-12)
+    x = torch.rand(2, 1, 4, 4, dtype=torch.float64)
+    with torch.no_grad():
+        y = m(x).argmax(1)
+    eps = 0.02
+    lo, hi = (x - eps).clamp(min=0), (x + eps).clamp(max=1)
+    g = torch.Generator().manual_seed(0)
+    pts = lo + (hi - lo) * torch.rand(300, *x.shape, generator=g, dtype=torch.float64)
+    pts[:2] = torch.stack([lo, hi])
+    with torch.no_grad():
+        z = m(pts.reshape(-1, 1, 4, 4)).reshape(300, 2, 3)
+    sampled = (z.gather(2, y[None, :, None].expand(300, 2, 1)) - z).amin(0)  # (2, 3), 0 at y
+    others = torch.arange(3)[None, :] != y[:, None]
+    crown = certify.verify(m, x, y, eps, method="crown").lower_margin
+    assert crown.shape == (2, 3) and (crown <= sampled + 1e-12)[others].all()
+    ibp = certify.margin_bounds(m, x, y, eps, "ibp")
+    assert (ibp <= sampled + 1e-9).all()
