@@ -33,7 +33,16 @@ from softcert.certify.ops import OPERATORS, Operator
 from softcert.certify.options import AttackOptions, BabOptions, BoundOptions, PropagationOptions
 from softcert.certify.result import CertResult, Problem, SampleVerdict
 from softcert.certify.trace import logits_of, supported_operators, trace
-from softcert.certify.training import CertifiedTraining, EpochRecord, margin_bounds, robust_loss, train_certified
+from softcert.certify.training import (
+    CertifiedTraining,
+    EpochRecord,
+    IntervalWidths,
+    NodeWidth,
+    interval_widths,
+    margin_bounds,
+    robust_loss,
+    train_certified,
+)
 from softcert.certify.vnnlib import Property, Region, read_vnnlib
 
 # the ONNX front end and the VNN-COMP solver import onnx (the "data" extra): loaded on first use
@@ -53,5 +62,6 @@ __all__ = ["METHODS", "OPERATORS", "SOFTMAX_FORMS", "AttackResult", "AttackOptio
            "Method", "Operator", "Record", "SoundnessError", "ViT", "attack", "attention_boxes", "attention_scores",
            "certified_accuracy", "check_supported", "embed", "evaluate", "forward", "graph_of", "linear_bounds",
            "logits_of", "robust_accuracy", "softmax_form", "supported_operators", "trace", "verify", "verify_box", "verify_text"]
-__all__ += ["CertifiedTraining", "EpochRecord", "margin_bounds", "robust_loss", "train_certified"]
+__all__ += ["CertifiedTraining", "EpochRecord", "IntervalWidths", "NodeWidth", "interval_widths", "margin_bounds",
+            "robust_loss", "train_certified"]
 __all__ += ["ONNX_OPERATORS", "OnnxNetwork", "Property", "Region", "Verdict", "read_onnx", "read_vnnlib"]

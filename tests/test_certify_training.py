@@ -291,3 +291,50 @@ def test_a_missing_certified_checkpoint_names_the_command_that_trains_it(monkeyp
     monkeypatch.setitem(train.CERTIFIED, "no-such-ct", ("digits-vit1", {}))
     with pytest.raises(ValueError, match="softcert train --certified no-such-ct"):
         zoo.load("no-such-ct")
+
+
+@pytest.mark.parametrize("build", [_vit, _mha], ids=["vit", "mha-layernorm-gelu"])
+def test_interval_widths_boxes_hold_every_sampled_node_value(build):
+    """certify.interval_widths: every node's largest width is at least the spread of that
+    node's values over 130 points of the box (the corners included), the input's width is
+    2·eps inside [0, 1], and at eps 0 every box is a point up to rounding."""
+    model = build()
+    with torch.no_grad():  # no zero bias, which the trace would fold away (a graph of other nodes)
+        for p in model.parameters():
+            p.add_(0.05 * torch.rand(p.shape, generator=torch.Generator().manual_seed(4), dtype=p.dtype))
+    r = certify.interval_widths(model, X, EPS)
+    graph = certify.trace(model, X)
+    lo, hi = (X - EPS).clamp(0, 1), (X + EPS).clamp(0, 1)
+    u = torch.rand(128, *X.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    pts = torch.cat([lo + (hi - lo) * u, lo[None], hi[None]]).reshape(-1, *X.shape[1:])
+    values = graph.values(pts.unsqueeze(1), lifted=True)
+    assert r.images == 4 and r.dtype == "float64" and r.input_width == pytest.approx(2 * EPS)
+    assert [n.index for n in r.nodes] == list(range(1, len(graph.nodes)))
+    for n in r.nodes:
+        v = values[n.index].reshape(130, 4, -1)
+        spread = float((v.amax(0) - v.amin(0)).max())
+        assert n.max_width >= spread - 1e-9 * (1 + spread), (n.name, n.operator)
+        assert 0 <= n.median_width <= n.max_width
+        assert n.name == graph.nodes[n.index].name and n.operator == graph.nodes[n.index].op
+    point = certify.interval_widths(model, X, 0.0)
+    assert all(n.max_width <= 1e-9 for n in point.nodes)
+    assert r.first_above(-1.0) is r.nodes[0] and r.first_above(float("inf")) is None
+    with pytest.raises(ValueError, match="^eps:"):
+        certify.interval_widths(model, X, -0.1)
+    with pytest.raises(ValueError, match="^model:"):
+        certify.interval_widths("model", X, EPS)
+
+
+def test_widths_command_writes_the_growth_table_json_and_figure(tmp_path, capsys):
+    argv = ["widths", "--model", "digits-vit1", "--eps", "0.001", "0.05", "--n", "3", "--out", str(tmp_path)]
+    assert softcert.cli.main(argv) == 0
+    res = json.loads((tmp_path / "widths.json").read_text())
+    assert [(d["model"], d["eps"], d["images"]) for d in res["results"]] == [("digits-vit1", 0.001, 3),
+                                                                              ("digits-vit1", 0.05, 3)]
+    small, large = ([n["max_width"] for n in d["nodes"]] for d in res["results"])
+    assert all(a <= b for a, b in zip(small, large))  # a larger ball, boxes at least as wide
+    md = (tmp_path / "widths.md").read_text()
+    assert "## digits-vit1, eps 0.05 (3 images, float32" in md and "| head |" in md
+    assert (tmp_path / "widths.png").stat().st_size > 0
+    assert softcert.cli.main(["widths", "--model", "digits-vit1", "--n", "0", "--out", str(tmp_path)]) == 2
+    assert "--n" in capsys.readouterr().err

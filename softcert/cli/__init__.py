@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("softcert.cli.commands.report", "one command from a model to a checked report folder (md, tex, figures, JSON)"),
     "check": ("softcert.cli.commands.check", "re-check every certificate of a report's results.json independently"),
     "vnncomp": ("softcert.cli.commands.vnncomp", "decide one VNN-COMP instance (ONNX model + VNN-LIB property), write the result file"),
+    "widths": ("softcert.cli.commands.widths", "where a model's interval bounds grow: the IBP box of every node, the boxes certified training builds on"),
     "depth": ("softcert.cli.commands.depth", "CROWN time and peak memory against model depth (1-8 blocks), ours vs auto_LiRPA"),
     "bab": ("softcert.cli.commands.bab", "three-valued verdicts (certified/falsified/unknown) by branch and bound, cactus plot, ingredients table"),
     "vnnlib": ("softcert.cli.commands.vnnlib", "the VNN-LIB 2.0 solver command line: verify a property, list supported ONNX operators"),
