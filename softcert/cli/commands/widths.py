@@ -86,14 +86,23 @@ def _write(out: Path, results, command) -> None:
          "nodes": [{"index": n.index, "name": n.name, "operator": n.operator, "max_width": _num(n.max_width),
                     "median_width": _num(n.median_width)} for n in r.nodes]} for name, r in results]})
     plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, r in results:
-        big = 1e300  # inf drawn at the top of the axis
-        ax.plot([n.index for n in r.nodes], [min(n.max_width, big) for n in r.nodes], label=f"{name}, eps {r.eps:g}")
-    ax.set_yscale("log")
-    ax.set_xlabel("node (graph order)")
-    ax.set_ylabel("largest interval width")
-    ax.legend(fontsize="small")
+    models = list(dict.fromkeys(name for name, _ in results))
+    cols = min(3, len(models))
+    rows = math.ceil(len(models) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), sharey=True, squeeze=False)
+    for ax, model in zip(axes.flat, models):
+        for name, r in results:
+            if name == model:
+                # inf drawn at 1e300, the top of the axis
+                ax.plot([n.index for n in r.nodes], [min(n.max_width, 1e300) for n in r.nodes], label=f"eps {r.eps:g}")
+        ax.set_yscale("log")
+        ax.set_title(model, fontsize="medium")
+        ax.set_xlabel("node (graph order)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("largest interval width")
+    for ax in list(axes.flat)[len(models):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize="small")
     common.save_figure(fig, out / "widths.png")
     print(f"softcert widths: wrote {out / 'widths.md'}, widths.json, widths.png")
 
