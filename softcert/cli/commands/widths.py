@@ -108,5 +108,5 @@ def _write(out: Path, results, command) -> None:
 
 
 def _num(v):
-    # JSON has no inf: a string names it
-    return v if math.isfinite(v) else "inf"
+    # 4 significant digits (the table's 3, and a little more); JSON has no inf: a string names it
+    return float(f"{v:.4g}") if math.isfinite(v) else "inf"
