@@ -211,6 +211,26 @@ def test_s_shape_crown_rules(name):
     assert 0 < lw[1] < op.planes(torch.zeros(1).double(), torch.zeros(1).double())[0][0] + 1e-12
 
 
+@pytest.mark.parametrize("name", ["sigmoid", "tanh"])
+def test_tangent_slopes_carry_their_implicit_derivatives(name):
+    """The tangent slopes of a crossing box depend on its ends through the tangent point (the
+    root of h(d) = f(d) + f'(d)(l - d) - f(l)); their gradients (certified training
+    differentiates the planes) match central differences of the planes themselves."""
+    op = ops.get(name)
+    l = torch.tensor([-3.0, -1.5, -0.7], dtype=torch.float64, requires_grad=True)
+    u = torch.tensor([2.5, 4.0, 0.9], dtype=torch.float64, requires_grad=True)
+    lw, _, uw, _ = op.planes(l, u)
+    for slope, end, other in ((uw, l, u), (lw, u, l)):
+        (g,) = torch.autograd.grad(slope.sum(), end, retain_graph=True)
+        h = 1e-6
+        with torch.no_grad():
+            moved = [end.detach() + s * h for s in (1, -1)]
+            planes = [op.planes(m, other.detach()) if end is l else op.planes(other.detach(), m) for m in moved]
+            k = 2 if end is l else 0  # the upper slope moves with l, the lower with u
+            fd = (planes[0][k] - planes[1][k]) / (2 * h)
+        torch.testing.assert_close(g, fd, rtol=1e-5, atol=1e-8)
+
+
 def test_gelu_planes_tight_on_small_boxes():
     """On a box of width w the planes are within O(w²) of f (curvature <= 0.8)."""
     c = torch.linspace(-6, 6, 101, dtype=torch.float64)
