@@ -380,6 +380,15 @@ def margin_bounds(model, x, y, eps, bound="ibp", *, beta=1.0, domain=DOMAIN):
         raise ValueError(f"bound: expected one of {', '.join(BOUNDS)}, got {bound!r}")
     if not _unit(beta):
         raise ValueError(f"beta: expected a float in [0, 1], got {beta!r}")
+    eps, domain, x, dtype, binding = _bound_inputs(model, x, eps, domain)
+    return _margins(binding, model, x, y, eps, (bound, beta), domain, dtype)
+
+
+def _bound_inputs(model, x, eps, domain):
+    """(eps, domain, x, dtype, binding) checked: x as a batch in the model's dtype, detached;
+    ``model`` a module (ValueError naming the argument otherwise)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     eps = check_eps(eps)
     domain = None if domain is None else check_domain(domain)
     x = tensor_of(x)
@@ -389,8 +398,7 @@ def margin_bounds(model, x, y, eps, bound="ibp", *, beta=1.0, domain=DOMAIN):
     if image is not None and x.dim() == len(tuple(image)):
         x = x.unsqueeze(0)
     x = x.detach().to(dtype)
-    binding = _binding(model, x)
-    return _margins(binding, model, x, y, eps, (bound, beta), domain, dtype)
+    return eps, domain, x, dtype, _binding(model, x)
 
 
 def _margins(binding, model, x, y, eps, mixing, domain, dtype):
@@ -476,18 +484,7 @@ def interval_widths(model, x, eps, *, domain=DOMAIN) -> IntervalWidths:
     on (``margin_bounds``), in the model's dtype. Shows where the bounds of a model grow
     (docs/certify/training.md: the standard LayerNorm's 1/std makes every box after the first
     attention block of mnist-vit4-ln as wide as its value range at eps 1e-4)."""
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    eps = check_eps(eps)
-    domain = None if domain is None else check_domain(domain)
-    x = tensor_of(x)
-    check_images(model, x, domain)
-    dtype = _model_dtype(model)
-    image = getattr(model, "image", None)
-    if image is not None and x.dim() == len(tuple(image)):
-        x = x.unsqueeze(0)
-    x = x.detach().to(dtype)
-    binding = _binding(model, x)
+    eps, domain, x, dtype, binding = _bound_inputs(model, x, eps, domain)
     graph = binding.graph_at(model, dtype)
     lo, hi = input_box(x, eps, domain)
     with torch.no_grad():
