@@ -563,14 +563,13 @@ def _planes(name, image, slopes, unbounded=None, lo_floor=None):
     return planes
 
 
-def _with_alpha(name, default, slope_range):
+def _with_alpha(default, given):
     """planes(l, u, alpha): ``default`` without alpha; with alpha in [0, 1] (any shape that
     broadcasts with l, u, e.g. (B, S, *shape) in alpha-CROWN) the lower plane of slope
-    smin + alpha (smax - smin), [smin, smax] = ``slope_range(l, u)`` (the range of f' on
-    [l, u], which holds the slope of every best lower plane), with its certified
-    intercept: sound for every alpha, differentiable in alpha (d lb / ds = -argmin). The
-    upper plane is the default's (``_alpha_planes``)."""
-    given = _alpha_planes(name, slope_range)
+    smin + alpha (smax - smin), [smin, smax] = the slope range of f' on [l, u] (which holds
+    the slope of every best lower plane), with its certified intercept: sound for every
+    alpha, differentiable in alpha (d lb / ds = -argmin); ``given``: those planes
+    (``_alpha_planes``). The upper plane is the default's."""
 
     def planes(l, u, alpha=None):
         out = default(l, u)
@@ -697,29 +696,30 @@ _sigmoid_default = _planes("sigmoid", sigmoid_image, lambda l, u: _s_slopes(CURV
 SLOPE_RANGES = {"gelu": _gelu_slope_range("gelu", GELU_ERF.inflection[0]),
                 "gelu_tanh": _gelu_slope_range("gelu_tanh", GELU_TANH.inflection[0]),
                 "tanh": _s_slope_range("tanh"), "sigmoid": _s_slope_range("sigmoid")}
-gelu_planes = _with_alpha("gelu", _gelu_default, SLOPE_RANGES["gelu"])
-gelu_tanh_planes = _with_alpha("gelu_tanh", _gelu_tanh_default, SLOPE_RANGES["gelu_tanh"])
-tanh_planes = _with_alpha("tanh", _tanh_default, SLOPE_RANGES["tanh"])
-sigmoid_planes = _with_alpha("sigmoid", _sigmoid_default, SLOPE_RANGES["sigmoid"])
+ALPHA_PLANES = {name: _alpha_planes(name, slope_range) for name, slope_range in SLOPE_RANGES.items()}
+gelu_planes = _with_alpha(_gelu_default, ALPHA_PLANES["gelu"])
+gelu_tanh_planes = _with_alpha(_gelu_tanh_default, ALPHA_PLANES["gelu_tanh"])
+tanh_planes = _with_alpha(_tanh_default, ALPHA_PLANES["tanh"])
+sigmoid_planes = _with_alpha(_sigmoid_default, ALPHA_PLANES["sigmoid"])
 sqrt_planes = _checked_sqrt_planes(_planes("sqrt", sqrt_image, _sqrt_slopes, lo_floor=0.0))
 
 register(Elementwise(name="gelu", description="x Φ(x) = 0.5 x (1 + erf(x/√2)) (GELU, exact form)",
                      fn=F.gelu, image=gelu_image, planes=gelu_planes,
                      slope_init=_alpha_init(_gelu_default, SLOPE_RANGES["gelu"]),
-                     alpha_planes=_alpha_planes("gelu", SLOPE_RANGES["gelu"]),
+                     alpha_planes=ALPHA_PLANES["gelu"],
                      value_range=(GELU_ERF.minimum[0], None)))
 register(Elementwise(name="gelu_tanh", description="0.5 x (1 + tanh(√(2/π)(x + 0.044715 x³))) (GELU, tanh form)",
                      fn=lambda t: F.gelu(t, approximate="tanh"), image=gelu_tanh_image, planes=gelu_tanh_planes,
                      slope_init=_alpha_init(_gelu_tanh_default, SLOPE_RANGES["gelu_tanh"]),
-                     alpha_planes=_alpha_planes("gelu_tanh", SLOPE_RANGES["gelu_tanh"]),
+                     alpha_planes=ALPHA_PLANES["gelu_tanh"],
                      value_range=(GELU_TANH.minimum[0], None)))
 register(Elementwise(name="tanh", description="tanh(x)", fn=torch.tanh, image=tanh_image, planes=tanh_planes,
                      slope_init=_alpha_init(_tanh_default, SLOPE_RANGES["tanh"]),
-                     alpha_planes=_alpha_planes("tanh", SLOPE_RANGES["tanh"]),
+                     alpha_planes=ALPHA_PLANES["tanh"],
                      monotone=True, value_range=(-1.0, 1.0)))
 register(Elementwise(name="sigmoid", description="1 / (1 + e^-x)", fn=torch.sigmoid, image=sigmoid_image,
                      planes=sigmoid_planes, slope_init=_alpha_init(_sigmoid_default, SLOPE_RANGES["sigmoid"]),
-                     alpha_planes=_alpha_planes("sigmoid", SLOPE_RANGES["sigmoid"]),
+                     alpha_planes=ALPHA_PLANES["sigmoid"],
                      monotone=True, value_range=(0.0, 1.0)))
 register(Elementwise(name="sqrt", description="√x on x >= 0 (concave)", fn=torch.sqrt, image=sqrt_image,
                      planes=sqrt_planes, monotone=True, domain=(0.0, None), value_range=(0.0, None)))
