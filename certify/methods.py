@@ -158,23 +158,34 @@ def _ibp(g, xl, xu, x0, C, options):
     return crown.ibp_lower(crown.propagate(g, xl, xu, algorithm="ibp", centre=x0, options=options.propagation), C)
 
 
+def _with_interval(state, C, lo):
+    """The larger of a linear lower bound ``lo`` of C·z and the one the state's own logit
+    intervals give (both sound): where an intermediate box is finite but astronomically wide
+    (a softmax's exp-sum reaching 0 over the box), its relaxation planes can carry the final
+    linear bound to -inf while the output's interval, clipped through the probabilities'
+    [0, 1], still decides (mnist-vit2-ct at eps 0.02: 3 of the first 200 test images)."""
+    with torch.no_grad():
+        interval = crown.ibp_lower(state, C)
+    return torch.maximum(lo, interval)
+
+
 def _crown(g, xl, xu, x0, C, options):
     # anchor the softmax shift at the input itself, as auto_LiRPA does (fixed max index)
     state = crown.propagate(g, xl, xu, centre=x0, options=options.propagation)
-    return crown.backward(state, g.output, C)
+    return _with_interval(state, C, crown.backward(state, g.output, C))
 
 
 def _alpha_crown(operators=None, iterations=20, lr=0.1, intermediate="full"):
     def lower(g, xl, xu, x0, C, options):
         opts = dataclasses.replace(options.propagation, intermediate=intermediate)
         state = crown.propagate(g, xl, xu, centre=x0, options=opts)
-        return crown.alpha_crown(state, C, iterations, lr, operators=operators)
+        return _with_interval(state, C, crown.alpha_crown(state, C, iterations, lr, operators=operators))
     return lower
 
 
 def _vertex(g, xl, xu, x0, C, options):
     state = crown.propagate(g, xl, xu, algorithm="vertex", centre=x0, options=options.propagation)
-    lo = crown.backward(state, g.output, C)
+    lo = _with_interval(state, C, crown.backward(state, g.output, C))
     pvs = [a.pv for a in g.attention if a.pv is not None]
     if not pvs:
         return lo

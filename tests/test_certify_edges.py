@@ -218,3 +218,31 @@ def test_worst_margin_counts_a_bound_of_exactly_zero():
     other = res.lower_margin.clone()
     other[torch.arange(2), torch.tensor([1, 2])] = torch.inf
     assert torch.equal(res.worst_margin, other.min(1).values)  # the same selection, computed twice
+
+
+@pytest.mark.parametrize("method", ["crown", "alpha-crown", "vertex"])
+def test_linear_bounds_never_fall_below_the_interval_bound(method):
+    """A two-block ViT with doubled weights at eps 0.1: the second block's softmax exp-sums reach
+    0 over the box, and the relaxation planes on those astronomically wide boxes carried the
+    final linear bound to -inf (every margin, where IBP's are finite); every linear method
+    keeps the interval bound of the same state, so it is never looser than IBP, and stays below
+    the margins at sampled points (the corners included)."""
+    torch.manual_seed(0)
+    m = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3, depth=2).double().eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(2)
+    x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        y = m(x).argmax(1)
+    eps = 0.1
+    ibp = certify.verify(m, x, y, eps, method="ibp").lower_margin
+    got = certify.verify(m, x, y, eps, method=method).lower_margin
+    assert (got >= ibp).all() and torch.isfinite(ibp).all()
+    lo, hi = input_box(x, eps)
+    u = torch.rand(256, *x.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pts = torch.cat([lo + (hi - lo) * u, lo[None], hi[None]])
+    with torch.no_grad():
+        z = m(pts.reshape(-1, 1, 4, 4)).reshape(len(pts), 4, 3)
+    sampled = (z.gather(2, y.view(1, -1, 1).expand(len(pts), -1, 1)) - z).amin(0)
+    assert (got <= sampled + 1e-12).all()
