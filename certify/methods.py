@@ -227,7 +227,7 @@ _LIRPA_FAILS = (AssertionError, RuntimeError, IndexError, AttributeError, TypeEr
 METHODS = MappingProxyType({m.name: m for m in (
     Method("ibp", "interval bound propagation through every registered operator", _OURS, _ibp),
     Method("crown", "CROWN: linear bound propagation with per-operator relaxations, intermediate bounds "
-           "by CROWN intersected with IBP", _OURS, _crown),
+           "by CROWN intersected with IBP, the final bound no lower than the interval one", _OURS, _crown),
     Method("alpha-crown", "CROWN with every relaxation of the final specification optimised jointly by Adam "
            "per target class (20 steps, lr 0.1): ReLU/GELU/tanh/sigmoid slopes, the exp/-log/reciprocal/square/"
            "rsqrt tangent points (so the decomposed softmax) and the McCormick interpolation of mul and "
