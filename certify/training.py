@@ -374,8 +374,6 @@ def margin_bounds(model, x, y, eps, bound="ibp", *, beta=1.0, domain=DOMAIN):
     intermediate bounds) + (1 - beta)·IBP (Zhang et al. 2020). Autograd reaches the model's
     parameters. Plain arithmetic, not sound outward rounding (module docstring): a training
     signal, not a certificate (certify.verify gives those)."""
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if bound not in BOUNDS:
         raise ValueError(f"bound: expected one of {', '.join(BOUNDS)}, got {bound!r}")
     if not _unit(beta):
