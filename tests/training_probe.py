@@ -1,0 +1,87 @@
+"""Measurements of docs/certify/training.md that no softcert command makes (not a test file):
+
+    python -P tests/training_probe.py step --model mnist-vit4-ln --batch 128
+        seconds, peak resident memory, loss and gradient norm of three CROWN-IBP steps
+        (certify.margin_bounds, eps 0.005, beta 0.5) on the first test images of a zoo model;
+    python -P tests/training_probe.py from-scratch --init ibp
+        a fresh 4-block centred-LayerNorm ViT (mnist-vit4-nv's architecture) trained by IBP from
+        the first step (no natural warm-up), eps 0.02 over a 40-epoch ramp (fewer: all epochs), Adam 1e-3, with
+        PyTorch's initialisation ("default") or Shi et al. 2021's ("ibp": w ~ N(0, 2π/n²) for a
+        Linear of fan-in n, biases 0); one line per epoch: eps, mean natural and robust loss.
+"""
+import argparse
+import math
+import resource
+import time
+
+import torch
+import torch.nn.functional as F
+
+from softcert import certify
+from softcert.certify import data, zoo
+from softcert.certify.models import ViT
+
+
+def step(args):
+    model, x, y = zoo.load(args.model)
+    model.train()
+    xb, yb = x[:args.batch].float(), y[:args.batch]
+    for k in range(3):
+        start = time.perf_counter()
+        loss = F.cross_entropy(-certify.margin_bounds(model, xb, yb, 0.005, "crown-ibp", beta=0.5), yb)
+        loss.backward()
+        grad = sum(float(p.grad.norm()) for p in model.parameters() if p.grad is not None)
+        model.zero_grad()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
+        print(f"step {k}: {time.perf_counter() - start:.2f} s, peak {peak:.2f} GB, loss {loss.item():.6f}, "
+              f"gradient norm {grad:.6f}", flush=True)
+
+
+def _ibp_init(model):
+    g = torch.Generator().manual_seed(0)
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            n = mod.weight.shape[1]
+            with torch.no_grad():
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=g) * math.sqrt(2 * math.pi) / n)
+                mod.bias.zero_()
+
+
+def from_scratch(args):
+    torch.manual_seed(0)
+    model = ViT(image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=4, layer_norm=True,
+                norm_variance=False)
+    if args.init == "ibp":
+        _ibp_init(model)
+    xtr, ytr, _, _ = data.mnist5k()
+    opts = certify.CertifiedTraining(eps=0.02, epochs=args.epochs, warmup_epochs=0, ramp_epochs=min(40, args.epochs), lr=1e-3,
+                                     bound="ibp")
+    steps = math.ceil(len(xtr) / opts.batch_size)
+    losses = []
+
+    def progress(epoch, k, eps, nat, rob):
+        losses.append((nat, rob))
+        if k % steps == steps - 1:
+            nats, robs = zip(*losses)
+            print(f"epoch {epoch}: eps {eps:.4f}, natural {sum(nats) / len(nats):.3f}, "
+                  f"robust {sum(robs) / len(robs):.3f}", flush=True)
+            losses.clear()
+    certify.train_certified(model, xtr, ytr, opts, progress=progress)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("step")
+    s.add_argument("--model", default="mnist-vit4-ln")
+    s.add_argument("--batch", type=int, default=128)
+    f = sub.add_parser("from-scratch")
+    f.add_argument("--init", choices=("default", "ibp"), default="ibp")
+    f.add_argument("--epochs", type=int, default=60)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    step(args) if args.what == "step" else from_scratch(args)
+
+
+if __name__ == "__main__":
+    main()
