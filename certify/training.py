@@ -57,6 +57,19 @@ from softcert.certify.trace import logits_of, trace
 
 #: the bounds ``robust_loss`` can train with
 BOUNDS = ("ibp", "crown-ibp")
+
+
+def _smooth(t, mid=0.25, power=4):
+    """The smooth ramp on [0, 1]: a·t^power up to ``mid``, then the tangent line there, scaled
+    so that it reaches 1 at t = 1 (continuous with its derivative)."""
+    a = 1.0 / (mid ** power + power * mid ** (power - 1) * (1 - mid))
+    if t <= mid:
+        return a * t ** power
+    return a * (mid ** power + power * mid ** (power - 1) * (t - mid))
+
+
+#: the shapes of the eps ramp: the fraction of the final eps at a fraction t of the ramp
+RAMPS = {"linear": lambda t: t, "smooth": _smooth}
 _PLAIN = PropagationOptions(arithmetic="plain")
 
 
@@ -95,7 +108,18 @@ class CertifiedTraining:
     ``batch_size``: 128 (CROWN-IBP defaults.json; also certify/train.py's natural recipes).
     ``seed``: the batch order and any dropout draws (0: certify/train.py's default seed).
     ``domain``: the input domain the box is clipped to (certify.spec.DOMAIN, [0, 1], the
-    verifier's; None: no clipping)."""
+    verifier's; None: no clipping).
+    ``ramp``: the shape of the eps ramp (module docstring): "linear" (the default: CROWN-IBP's
+    train.py, as the zoo's models were trained) or "smooth" (Gowal et al. 2018's reference
+    code, Shi et al. 2021: degree-4 growth over the first quarter, then linear).
+    ``grad_clip``: the largest global gradient norm of a step, larger ones scaled down to it
+    (None: no clipping, as the zoo's models were trained; Shi et al. 2021 and Mao et al.
+    2023's CTBench scripts use 10).
+    ``box_fraction``: the robust term bounds a box of radius box_fraction·eps inside the eps
+    box, around a PGD point of ``attack_steps`` steps (Mueller et al. 2023, SABR; their
+    shrinkage 0.1-0.4); 1.0 (the default) is the whole box, no attack. Below 1 the robust loss
+    bounds only that small box: a training signal, not an upper bound over the eps box.
+    ``attack_steps``: PGD steps for the small box's centre (5: SABR's train_steps in CTBench)."""
 
     eps: float = 0.02
     epochs: int = 100
@@ -112,6 +136,10 @@ class CertifiedTraining:
     batch_size: int = 128
     seed: int = 0
     domain: tuple | None = DOMAIN
+    ramp: str = "linear"
+    grad_clip: float | None = None
+    box_fraction: float = 1.0
+    attack_steps: int = 5
 
     def __post_init__(self):
         def check(name, ok, expected):
@@ -136,6 +164,10 @@ class CertifiedTraining:
                              f"the last (epochs = {self.epochs}; epochs count from 0)")
         check("batch_size", lambda v: _count(v, 1), "an int >= 1")
         check("seed", lambda v: _count(v, 0), "an int >= 0")
+        check("ramp", lambda v: v in RAMPS, f"one of {', '.join(RAMPS)}")
+        check("grad_clip", lambda v: v is None or (_real(v) and v > 0), "None or a finite float > 0")
+        check("box_fraction", lambda v: _real(v) and 0 < v <= 1, "a finite float in (0, 1]")
+        check("attack_steps", lambda v: _count(v, 1), "an int >= 1")
         if self.warmup_epochs + self.ramp_epochs > self.epochs:
             raise ValueError(f"{type(self).__name__}.ramp_epochs: warmup_epochs + ramp_epochs = "
                              f"{self.warmup_epochs + self.ramp_epochs} exceeds epochs = {self.epochs} "
@@ -158,6 +190,7 @@ class CertifiedTraining:
             frac = 0.0
         else:
             frac = 1.0 if ramp == 0 else min(1.0, (step - warm + 1) / ramp)
+        frac = RAMPS[self.ramp](frac)
         return (self.eps * frac, self.kappa_start + frac * (self.kappa_end - self.kappa_start),
                 self.beta_start + frac * (self.beta_end - self.beta_start))
 
@@ -510,6 +543,27 @@ def robust_loss(model, x, y, eps, bound="ibp", *, beta=1.0, domain=DOMAIN):
 
 
 # ---------------------------------------------------------------- the training loop
+def _robust_box(model, x, y, eps, options):
+    """(centre, radius) of the box the robust term bounds: (x, eps), or with box_fraction
+    λ < 1 a PGD point of the eps box pulled to within (1 - λ)·eps of x, and λ·eps, so that the
+    small box (clipped to the domain) lies in the eps box (Mueller et al. 2023, SABR)."""
+    frac = options.box_fraction
+    if frac >= 1 or eps == 0:
+        return x, eps
+    lo, hi = input_box(x, eps, options.domain)
+    was_training = model.training
+    model.eval()
+    xa = lo + (hi - lo) * torch.rand_like(x)
+    step = 2.5 * eps / options.attack_steps  # Madry et al. 2018's step for a few-step attack
+    for _ in range(options.attack_steps):
+        xa.requires_grad_(True)
+        (g,) = torch.autograd.grad(F.cross_entropy(logits_of(model(xa)).reshape(len(x), -1), y), xa)
+        xa = torch.minimum(torch.maximum(xa.detach() + step * g.sign(), lo), hi)
+    model.train(was_training)
+    inner = (1 - frac) * eps
+    return torch.minimum(torch.maximum(xa, x - inner), x + inner).detach(), frac * eps
+
+
 def train_certified(model, x, y, options=CertifiedTraining(), progress=None):
     """Train ``model`` in place on (x, y) by ``options`` (a ``CertifiedTraining``): Adam at
     ``options.learning_rate(epoch)``, batches of ``batch_size`` in an order drawn from ``seed``; ``warmup_epochs`` of
@@ -561,7 +615,8 @@ def train_certified(model, x, y, options=CertifiedTraining(), progress=None):
                 rob = None
                 loss = nat
                 if eps > 0 or step >= options.warmup_epochs * spe:
-                    m = _margins(binding, model, xb, yb, eps, (options.bound, beta), options.domain, dtype)
+                    centre, radius = _robust_box(model, xb, yb, eps, options)
+                    m = _margins(binding, model, centre, yb, radius, (options.bound, beta), options.domain, dtype)
                     rob = F.cross_entropy(-m, yb)
                     loss = kappa * nat + (1 - kappa) * rob
                     sums["rob"] += rob.item() * len(xb)
@@ -574,6 +629,8 @@ def train_certified(model, x, y, options=CertifiedTraining(), progress=None):
                     loss.backward()
                 if torch.isfinite(loss) and all(p.grad is None or bool(torch.isfinite(p.grad).all())
                                                 for p in model.parameters()):
+                    if options.grad_clip is not None:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), options.grad_clip)
                     opt.step()
                 else:
                     sums["skipped"] += 1

@@ -183,7 +183,8 @@ def test_same_seed_same_weights_other_seed_other_weights():
     ("ramp_epochs", True), ("kappa_start", 1.5), ("kappa_end", -0.1), ("bound", "crown"), ("beta_start", 2),
     ("beta_end", float("inf")), ("lr", 0.0), ("batch_size", 0), ("seed", -1), ("domain", (1.0, 0.0)),
     ("lr_decay", 0.0), ("lr_decay", 1.5), ("lr_milestones", (5, 3)), ("lr_milestones", (0,)),
-    ("lr_milestones", (100,)), ("lr_milestones", 50),
+    ("lr_milestones", (100,)), ("lr_milestones", 50), ("ramp", "cosine"), ("grad_clip", 0.0),
+    ("grad_clip", float("inf")), ("box_fraction", 0.0), ("box_fraction", 1.5), ("attack_steps", 0),
 ])
 def test_bad_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"CertifiedTraining.{field}"):
@@ -211,6 +212,72 @@ def test_the_rate_decays_at_each_milestone():
     def moved(a, b):
         return max(float((a[k] - b[k]).abs().max()) for k in a)
     assert moved(weights[1], weights[0]) > 1e-3 > 1e-6 > moved(weights[2], weights[1])
+
+
+def test_the_smooth_ramp_rises_continuously_to_eps_with_a_continuous_slope():
+    """The smooth ramp is a·t^4 to a quarter of the ramp, then its tangent line, reaching eps at
+    the ramp's last step; kappa follows eps (module docstring)."""
+    opts = CertifiedTraining(eps=0.02, epochs=12, warmup_epochs=2, ramp_epochs=8, ramp="smooth")
+    spe = 100
+    eps = [opts.schedule(s, spe)[0] for s in range(12 * spe)]
+    assert eps[:2 * spe] == [0.0] * (2 * spe)
+    assert eps[10 * spe - 1] == pytest.approx(0.02) and eps[-1] == pytest.approx(0.02)
+    ramp = eps[2 * spe:10 * spe]
+    steps = [b - a for a, b in zip(ramp, ramp[1:])]
+    assert all(d > 0 for d in steps)
+    assert max(abs(b - a) for a, b in zip(steps, steps[1:])) < 1e-6  # no kink at the quarter
+    assert ramp[len(ramp) // 4 - 1] < 0.1 * 0.02 and ramp[len(ramp) // 2] < 0.5 * 0.02
+    linear = CertifiedTraining(eps=0.02, epochs=12, warmup_epochs=2, ramp_epochs=8)
+    kappa = [opts.schedule(s, spe)[1] for s in range(2 * spe, 10 * spe)]
+    assert kappa == pytest.approx([1 - 0.5 * e / 0.02 for e in ramp])
+    assert linear.schedule(6 * spe - 1, spe)[0] == pytest.approx(0.01)
+
+
+def test_a_tiny_gradient_clip_keeps_the_weights_and_a_huge_one_changes_nothing():
+    """grad_clip scales every step's gradient to norm <= grad_clip: at 1e-14 Adam's steps are
+    lr·g/(|g| + 1e-8), far below lr; at 1e30 training is the same as without clipping."""
+    xtr, ytr, _, _ = data.digits()
+
+    def run(clip):
+        torch.manual_seed(0)
+        model = ViT(image=(1, 8, 8), patch=4, dim=8, heads=2, mlp=8, classes=10)
+        start = copy.deepcopy(model.state_dict())
+        opts = CertifiedTraining(eps=0.05, epochs=2, warmup_epochs=1, ramp_epochs=1, batch_size=32, lr=1e-2,
+                                 bound="ibp", grad_clip=clip)
+        end = train_certified(model, xtr[:96], ytr[:96], opts)[0].state_dict()
+        return start, end
+
+    start, free = run(None)
+    _, huge = run(1e30)
+    _, tiny = run(1e-14)
+    for k in start:
+        torch.testing.assert_close(huge[k], free[k], rtol=1e-6, atol=1e-9)
+    assert max(float((free[k] - start[k]).abs().max()) for k in start) > 1e-2
+    assert max(float((tiny[k] - start[k]).abs().max()) for k in start) < 1e-6
+
+
+def test_the_small_box_lies_in_the_eps_box_around_an_attacked_point():
+    """box_fraction λ (SABR): the bounded box [c - λ·eps, c + λ·eps] ∩ [0, 1] lies in
+    [x - eps, x + eps] ∩ [0, 1], and its centre moves towards a PGD point (it raises the loss)."""
+    from softcert.certify.spec import input_box
+    from softcert.certify.training import _robust_box
+
+    model = _vit()
+    x = torch.cat([X, torch.zeros(1, 1, 4, 4, dtype=torch.float64), torch.ones(1, 1, 4, 4, dtype=torch.float64)])
+    y = torch.tensor([0, 1, 2, 1, 0, 2])
+    opts = CertifiedTraining(box_fraction=0.25, attack_steps=5)
+    eps = 0.1
+    centre, radius = _robust_box(model, x, y, eps, opts)
+    assert radius == pytest.approx(0.025)
+    lo, hi = input_box(centre, radius)
+    big_lo, big_hi = input_box(x, eps)
+    # both boxes are rounded outward by an ulp (spec.input_box): in real arithmetic the small
+    # box lies in the eps box, in float64 to within those ulps
+    assert float((big_lo - lo).max()) <= 4e-16 and float((hi - big_hi).max()) <= 4e-16
+    loss = lambda t: F.cross_entropy(model(t), y, reduction="none")  # noqa: E731
+    with torch.no_grad():
+        assert float((loss(centre) - loss(x)).min()) >= -1e-12 and float((loss(centre) - loss(x)).max()) > 0
+    assert _robust_box(model, x, y, eps, CertifiedTraining()) == (x, eps)
 
 
 def test_a_ramp_past_the_last_epoch_is_refused():

@@ -24,7 +24,8 @@ from softcert.certify import train
 _CT_FLAGS = {"--eps": "eps", "--epochs": "epochs", "--warmup-epochs": "warmup_epochs",
              "--ramp-epochs": "ramp_epochs", "--bound": "bound", "--kappa-end": "kappa_end",
              "--beta-end": "beta_end", "--lr": "lr", "--lr-milestones": "lr_milestones",
-             "--lr-decay": "lr_decay", "--batch-size": "batch_size"}
+             "--lr-decay": "lr_decay", "--batch-size": "batch_size", "--ramp": "ramp",
+             "--grad-clip": "grad_clip", "--box-fraction": "box_fraction", "--attack-steps": "attack_steps"}
 _VIT = "softcert.certify.models:ViT"
 
 
@@ -49,18 +50,23 @@ def configure(parser) -> None:
                     help="the training set of a model that is not a zoo recipe: .pt or .npz with x (B, C, H, W) in "
                          "[0, 1] and integer labels y, or a bundled split (digits, mnist5k: its training part)")
     ct.add_argument("--n", type=int, default=None, help="train on the first n samples only (default: all)")
-    from softcert.certify.training import BOUNDS, CertifiedTraining
+    from softcert.certify.training import BOUNDS, RAMPS, CertifiedTraining
 
     # default None: the options recorded for a certifiably trained zoo name, else CertifiedTraining's
     d = CertifiedTraining()
     ct.add_argument("--eps", type=float, default=None, help=f"final training radius (default {d.eps})")
     for flag, kind in (("--epochs", int), ("--warmup-epochs", int), ("--ramp-epochs", int), ("--kappa-end", float),
-                       ("--beta-end", float), ("--lr", float), ("--lr-decay", float), ("--batch-size", int)):
+                       ("--beta-end", float), ("--lr", float), ("--lr-decay", float), ("--batch-size", int),
+                       ("--grad-clip", float), ("--attack-steps", int)):
         field = _CT_FLAGS[flag]
         ct.add_argument(flag, type=kind, default=None, help=f"default {getattr(d, field)}")
     ct.add_argument("--lr-milestones", type=int, nargs="*", default=None, metavar="EPOCH",
                     help="epochs (0-based) at whose start the rate is multiplied by --lr-decay (default: none)")
     ct.add_argument("--bound", choices=BOUNDS, default=None, help=f"default {d.bound}")
+    ct.add_argument("--ramp", choices=tuple(RAMPS), default=None, help=f"shape of the eps ramp (default {d.ramp})")
+    ct.add_argument("--box-fraction", type=float, default=None,
+                    help=f"bound a box of this fraction of eps around a PGD point (SABR; default {d.box_fraction}: "
+                         f"the whole box)")
 
 
 def run(args) -> int:
