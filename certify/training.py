@@ -68,8 +68,15 @@ def _smooth(t, mid=0.25, power=4):
     return a * (mid ** power + power * mid ** (power - 1) * (t - mid))
 
 
+def _geometric(t, start):
+    """start^(1 - t) for t > 0 (0 before the ramp): eps grows by a constant factor per step,
+    from start·eps to eps, so that every decade of eps gets the same number of steps."""
+    return 0.0 if t <= 0 else start ** (1 - t)
+
+
 #: the shapes of the eps ramp: the fraction of the final eps at a fraction t of the ramp
-RAMPS = {"linear": lambda t: t, "smooth": _smooth}
+#: (``start``: the geometric ramp's first fraction, ``CertifiedTraining.ramp_start``)
+RAMPS = {"linear": lambda t, start: t, "smooth": lambda t, start: _smooth(t), "geometric": _geometric}
 _PLAIN = PropagationOptions(arithmetic="plain")
 
 
@@ -111,7 +118,9 @@ class CertifiedTraining:
     verifier's; None: no clipping).
     ``ramp``: the shape of the eps ramp (module docstring): "linear" (the default: CROWN-IBP's
     train.py, as the zoo's models were trained) or "smooth" (Gowal et al. 2018's reference
-    code, Shi et al. 2021: degree-4 growth over the first quarter, then linear).
+    code, Shi et al. 2021: degree-4 growth over the first quarter, then linear) or "geometric"
+    (from ramp_start·eps by a constant factor per step; kappa and beta follow eps/eps_final, so
+    with this ramp set kappa_start to the weight the robust term should have from its start).
     ``grad_clip``: the largest global gradient norm of a step, larger ones scaled down to it
     (None: no clipping, as the zoo's models were trained; Shi et al. 2021 and Mao et al.
     2023's CTBench scripts use 10).
@@ -119,7 +128,11 @@ class CertifiedTraining:
     box, around a PGD point of ``attack_steps`` steps (Mueller et al. 2023, SABR; their
     shrinkage 0.1-0.4); 1.0 (the default) is the whole box, no attack. Below 1 the robust loss
     bounds only that small box: a training signal, not an upper bound over the eps box.
-    ``attack_steps``: PGD steps for the small box's centre (5: SABR's train_steps in CTBench)."""
+    ``attack_steps``: PGD steps for the small box's centre (5: SABR's train_steps in CTBench).
+    ``ramp_start``: the fraction of eps the "geometric" ramp starts from (1e-4: the span of the
+    geometric ramp measured in docs/certify/training.md; unused by the other ramps). A model's
+    interval bounds can grow by 1e4 per attention block at any radius (docs/certify/training.md),
+    so that no linear ramp reaches a radius where its robust loss is informative."""
 
     eps: float = 0.02
     epochs: int = 100
@@ -140,6 +153,7 @@ class CertifiedTraining:
     grad_clip: float | None = None
     box_fraction: float = 1.0
     attack_steps: int = 5
+    ramp_start: float = 1e-4
 
     def __post_init__(self):
         def check(name, ok, expected):
@@ -168,6 +182,7 @@ class CertifiedTraining:
         check("grad_clip", lambda v: v is None or (_real(v) and v > 0), "None or a finite float > 0")
         check("box_fraction", lambda v: _real(v) and 0 < v <= 1, "a finite float in (0, 1]")
         check("attack_steps", lambda v: _count(v, 1), "an int >= 1")
+        check("ramp_start", lambda v: _real(v) and 0 < v < 1, "a finite float in (0, 1)")
         if self.warmup_epochs + self.ramp_epochs > self.epochs:
             raise ValueError(f"{type(self).__name__}.ramp_epochs: warmup_epochs + ramp_epochs = "
                              f"{self.warmup_epochs + self.ramp_epochs} exceeds epochs = {self.epochs} "
@@ -190,7 +205,7 @@ class CertifiedTraining:
             frac = 0.0
         else:
             frac = 1.0 if ramp == 0 else min(1.0, (step - warm + 1) / ramp)
-        frac = RAMPS[self.ramp](frac)
+        frac = RAMPS[self.ramp](frac, self.ramp_start)
         return (self.eps * frac, self.kappa_start + frac * (self.kappa_end - self.kappa_start),
                 self.beta_start + frac * (self.beta_end - self.beta_start))
 

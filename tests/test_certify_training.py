@@ -185,6 +185,7 @@ def test_same_seed_same_weights_other_seed_other_weights():
     ("lr_decay", 0.0), ("lr_decay", 1.5), ("lr_milestones", (5, 3)), ("lr_milestones", (0,)),
     ("lr_milestones", (100,)), ("lr_milestones", 50), ("ramp", "cosine"), ("grad_clip", 0.0),
     ("grad_clip", float("inf")), ("box_fraction", 0.0), ("box_fraction", 1.5), ("attack_steps", 0),
+    ("ramp_start", 0.0), ("ramp_start", 1.0),
 ])
 def test_bad_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"CertifiedTraining.{field}"):
@@ -231,6 +232,22 @@ def test_the_smooth_ramp_rises_continuously_to_eps_with_a_continuous_slope():
     kappa = [opts.schedule(s, spe)[1] for s in range(2 * spe, 10 * spe)]
     assert kappa == pytest.approx([1 - 0.5 * e / 0.02 for e in ramp])
     assert linear.schedule(6 * spe - 1, spe)[0] == pytest.approx(0.01)
+
+
+def test_the_geometric_ramp_grows_eps_by_a_constant_factor_from_its_start_to_eps():
+    """eps = eps·ramp_start^(1 - t) at ramp fraction t > 0 (0 in the warm-up): one factor per
+    step, the first step at ramp_start^(1 - 1/steps)·eps, the last at eps; kappa follows eps."""
+    opts = CertifiedTraining(eps=0.02, epochs=6, warmup_epochs=1, ramp_epochs=4, ramp="geometric",
+                             ramp_start=1e-12, kappa_start=0.5)
+    spe = 10
+    eps = [opts.schedule(s, spe)[0] for s in range(6 * spe)]
+    assert eps[:spe] == [0.0] * spe
+    ramp = eps[spe:5 * spe]
+    ratios = [b / a for a, b in zip(ramp, ramp[1:])]
+    assert ratios == pytest.approx([1e12 ** (1 / 40)] * 39, rel=1e-9)
+    assert ramp[0] == pytest.approx(0.02 * 1e-12 ** (1 - 1 / 40)) and ramp[-1] == pytest.approx(0.02)
+    assert eps[5 * spe:] == pytest.approx([0.02] * spe)
+    assert all(opts.schedule(s, spe)[1] == pytest.approx(0.5) for s in range(spe, 6 * spe))
 
 
 def test_a_tiny_gradient_clip_keeps_the_weights_and_a_huge_one_changes_nothing():
@@ -320,6 +337,23 @@ def test_cli_trains_certifiably_and_writes_a_loadable_checkpoint(tmp_path, capsy
     model = model_formats.checkpoint(tmp_path / "digits-vit1-ct.pt")
     for k, v in model.state_dict().items():
         assert torch.equal(v, ckpt["state_dict"][k])
+
+
+def test_cli_trains_in_the_dtype_asked_for_and_records_it(tmp_path):
+    argv = ["train", "--certified", "--model", "digits-vit1", "--epochs", "1", "--warmup-epochs", "0",
+            "--ramp-epochs", "1", "--ramp", "geometric", "--ramp-start", "1e-6", "--kappa-start", "0.5",
+            "--n", "32", "--batch-size", "32", "--dtype", "float64", "--out", str(tmp_path)]
+    assert softcert.cli.main(argv) == 0
+    log = json.loads((tmp_path / "digits-vit1-ct.json").read_text())
+    assert log["training"]["dtype"] == "float64" and log["training"]["ramp"] == "geometric"
+    assert log["training"]["ramp_start"] == 1e-6 and log["training"]["kappa_start"] == 0.5
+    ckpt = torch.load(tmp_path / "digits-vit1-ct.pt", weights_only=True)
+    assert all(v.dtype == torch.float64 for v in ckpt["state_dict"].values() if v.is_floating_point())
+
+
+def test_cli_refuses_a_certified_training_flag_without_certified(capsys):
+    assert softcert.cli.main(["train", "digits-vit1", "--dtype", "float64"]) == 2
+    assert "--dtype: only with --certified" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra,flag", [

@@ -7,7 +7,13 @@
         a fresh 4-block centred-LayerNorm ViT (mnist-vit4-nv's architecture) trained by IBP from
         the first step (no natural warm-up), eps 0.02 over a 40-epoch ramp (fewer: all epochs), Adam 1e-3, with
         PyTorch's initialisation ("default") or Shi et al. 2021's ("ibp": w ~ N(0, 2π/n²) for a
-        Linear of fan-in n, biases 0); one line per epoch: eps, mean natural and robust loss.
+        Linear of fan-in n, biases 0); one line per epoch: eps, mean natural and robust loss;
+    python -P tests/training_probe.py growth
+        the IBP bounds of mnist-vit4-ln (natural, from the zoo) and of a fresh model of its
+        architecture (seed 0, PyTorch's and Shi et al.'s initialisation), in float32 and float64:
+        the mean over 8 test images of the smallest natural margin and of the smallest IBP lower
+        margin (certify.margin_bounds) at eps 0, 1e-12, 1e-6 and 0.02, and the width growth
+        (largest width / input width, certify.interval_widths) at the end of each block at eps 1e-12.
 """
 import argparse
 import math
@@ -69,6 +75,35 @@ def from_scratch(args):
     certify.train_certified(model, xtr, ytr, opts, progress=progress)
 
 
+def _smallest(m, y):
+    return float(m.masked_fill(F.one_hot(y, m.shape[1]).bool(), math.inf).min(1).values.mean())
+
+
+def growth(args):
+    natural, x, y = zoo.load("mnist-vit4-ln")
+    x, y = x[:8], y[:8]
+    models = {"natural": natural}
+    for init in ("default", "ibp"):
+        torch.manual_seed(0)
+        fresh = ViT(image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=4, layer_norm=True).eval()
+        if init == "ibp":
+            _ibp_init(fresh)
+        models[f"fresh ({init} init)"] = fresh
+    for name, model in models.items():
+        for dtype in (torch.float32, torch.float64):
+            m, xd = model.to(dtype), x.to(dtype)
+            with torch.no_grad():
+                z = m(xd)
+                cells = [f"natural {_smallest(z.gather(1, y[:, None]) - z, y):.3g}"]
+                cells += [f"eps {e:g}: {_smallest(certify.margin_bounds(m, xd, y, e, 'ibp'), y):.3g}"
+                          for e in (0.0, 1e-12, 1e-6, 0.02)]
+            print(f"{name}, {str(dtype)[6:]}: smallest margin, mean of 8: " + ", ".join(cells), flush=True)
+        w = certify.interval_widths(model.to(torch.float64), x.to(torch.float64), 1e-12)
+        ends = {n.name: n.max_width / w.input_width for n in w.nodes if n.name.count(".") == 1 and n.operator == "add"}
+        print(f"{name}, float64, eps 1e-12: width growth at each block's end: "
+              + ", ".join(f"{k} {v:.2g}" for k, v in ends.items()), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -78,9 +113,10 @@ def main():
     f = sub.add_parser("from-scratch")
     f.add_argument("--init", choices=("default", "ibp"), default="ibp")
     f.add_argument("--epochs", type=int, default=60)
+    sub.add_parser("growth")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    step(args) if args.what == "step" else from_scratch(args)
+    {"step": step, "from-scratch": from_scratch, "growth": growth}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ _CT_FLAGS = {"--eps": "eps", "--epochs": "epochs", "--warmup-epochs": "warmup_ep
              "--ramp-epochs": "ramp_epochs", "--bound": "bound", "--kappa-end": "kappa_end",
              "--beta-end": "beta_end", "--lr": "lr", "--lr-milestones": "lr_milestones",
              "--lr-decay": "lr_decay", "--batch-size": "batch_size", "--ramp": "ramp",
-             "--grad-clip": "grad_clip", "--box-fraction": "box_fraction", "--attack-steps": "attack_steps"}
+             "--grad-clip": "grad_clip", "--box-fraction": "box_fraction", "--attack-steps": "attack_steps",
+             "--ramp-start": "ramp_start", "--kappa-start": "kappa_start"}
 _VIT = "softcert.certify.models:ViT"
 
 
@@ -57,13 +58,17 @@ def configure(parser) -> None:
     ct.add_argument("--eps", type=float, default=None, help=f"final training radius (default {d.eps})")
     for flag, kind in (("--epochs", int), ("--warmup-epochs", int), ("--ramp-epochs", int), ("--kappa-end", float),
                        ("--beta-end", float), ("--lr", float), ("--lr-decay", float), ("--batch-size", int),
-                       ("--grad-clip", float), ("--attack-steps", int)):
+                       ("--grad-clip", float), ("--attack-steps", int), ("--ramp-start", float),
+                       ("--kappa-start", float)):
         field = _CT_FLAGS[flag]
         ct.add_argument(flag, type=kind, default=None, help=f"default {getattr(d, field)}")
     ct.add_argument("--lr-milestones", type=int, nargs="*", default=None, metavar="EPOCH",
                     help="epochs (0-based) at whose start the rate is multiplied by --lr-decay (default: none)")
     ct.add_argument("--bound", choices=BOUNDS, default=None, help=f"default {d.bound}")
     ct.add_argument("--ramp", choices=tuple(RAMPS), default=None, help=f"shape of the eps ramp (default {d.ramp})")
+    ct.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                    help="train the model in this dtype (default: the model's own; float64 keeps the interval "
+                         "bounds informative at radii float32 rounding would swamp)")
     ct.add_argument("--box-fraction", type=float, default=None,
                     help=f"bound a box of this fraction of eps around a PGD point (SABR; default {d.box_fraction}: "
                          f"the whole box)")
@@ -72,7 +77,7 @@ def configure(parser) -> None:
 def run(args) -> int:
     if args.certified:
         return _run_certified(args)
-    for flag in ("--model", "--data", "--n", *_CT_FLAGS):
+    for flag in ("--model", "--data", "--n", "--dtype", *_CT_FLAGS):
         if getattr(args, flag[2:].replace("-", "_")) is not None:
             raise ValueError(f"{flag}: only with --certified")
     names = list(train.RECIPES) if args.all else args.names
@@ -177,12 +182,14 @@ def _run_certified(args) -> int:
         x, y = x[:args.n], y[:args.n]
     zoo_name = spec in train.CERTIFIED and not Path(spec).exists()
     out = Path(args.out) if args.out is not None else (train.ZOO_DIR if zoo_name else Path("."))
+    if args.dtype is not None:
+        model = model.to(getattr(torch, args.dtype))
     torch.set_num_threads(1)
     steps = options.epochs * -(-len(x) // options.batch_size)
     bar = common.progress(total=steps, desc=f"{name} (certified, {options.bound})")
 
     def progress(epoch, step, eps, natural, robust):
-        bar.set_postfix(epoch=epoch, eps=f"{eps:.4f}", nat=f"{natural:.3f}",
+        bar.set_postfix(epoch=epoch, eps=f"{eps:.3g}", nat=f"{natural:.3f}",
                         rob="-" if robust is None else f"{robust:.3f}", refresh=False)
         bar.update(1)
 
@@ -191,7 +198,8 @@ def _run_certified(args) -> int:
     finally:
         bar.close()
     out.mkdir(parents=True, exist_ok=True)
-    training = dict(dataclasses.asdict(options), n=len(x), source=spec)
+    training = dict(dataclasses.asdict(options), n=len(x), source=spec,
+                    dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ckpt = out / f"{name}.pt"
     torch.save({"recipe": recipe, "config": config, "state_dict": state, "dataset": dataset,
