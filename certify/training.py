@@ -14,8 +14,9 @@ Training minimises kappa·CE(z(x), y) + (1 - kappa)·CE(-m̲, y) with
   whose CROWN-IBP bound is not finite (an IBP bound overflowed, e.g. exp underflowing to 0 in
   a softmax, so -log of its sum is +inf) keeps its IBP bound, and is bounded apart from the
   others so that no 0·inf of its chain rule reaches a gradient.
-Schedules (per step, after ``warmup_epochs`` of natural training): eps grows linearly from 0 to
-its final value over ``ramp_epochs``; kappa and beta move linearly with eps/eps_final from
+Schedules (per step, after ``warmup_epochs`` of natural training): eps grows from 0 to its final
+value over ``ramp_epochs``, linearly by default (``RAMPS``: also smooth and geometric); kappa and
+beta move linearly with eps/eps_final from
 their start to their end values, as in the reference code of Zhang et al. 2020
 (github.com/huanzhang12/CROWN-IBP, train.py: kappa = 1 - (eps/eps_max)(1 - final_kappa)).
 
