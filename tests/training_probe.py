@@ -10,9 +10,10 @@
         Linear of fan-in n, biases 0); one line per epoch: eps, mean natural and robust loss;
     python -P tests/training_probe.py growth
         the IBP bounds of mnist-vit4-ln (natural, from the zoo) and of a fresh model of its
-        architecture (seed 0, PyTorch's and Shi et al.'s initialisation), in float32 and float64:
+        architecture (seed 0, PyTorch's and Shi et al.'s initialisation) and without LayerNorm
+        (mnist-vit4's), in float32 and float64:
         the mean over 8 test images of the smallest natural margin and of the smallest IBP lower
-        margin (certify.margin_bounds) at eps 0, 1e-12, 1e-6 and 0.02, and the width growth
+        margin (certify.margin_bounds) at eps 0, 1e-12, 1e-9, 1e-6 and 0.02, and the width growth
         (largest width / input width, certify.interval_widths) at the end of each block at eps 1e-12.
 """
 import argparse
@@ -89,6 +90,9 @@ def growth(args):
         if init == "ibp":
             _ibp_init(fresh)
         models[f"fresh ({init} init)"] = fresh
+    torch.manual_seed(0)
+    models["fresh without LayerNorm (mnist-vit4's architecture)"] = ViT(
+        image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=4).eval()
     for name, model in models.items():
         for dtype in (torch.float32, torch.float64):
             m, xd = model.to(dtype), x.to(dtype)
@@ -96,7 +100,7 @@ def growth(args):
                 z = m(xd)
                 cells = [f"natural {_smallest(z.gather(1, y[:, None]) - z, y):.3g}"]
                 cells += [f"eps {e:g}: {_smallest(certify.margin_bounds(m, xd, y, e, 'ibp'), y):.3g}"
-                          for e in (0.0, 1e-12, 1e-6, 0.02)]
+                          for e in (0.0, 1e-12, 1e-9, 1e-6, 0.02)]
             print(f"{name}, {str(dtype)[6:]}: smallest margin, mean of 8: " + ", ".join(cells), flush=True)
         w = certify.interval_widths(model.to(torch.float64), x.to(torch.float64), 1e-12)
         ends = {n.name: n.max_width / w.input_width for n in w.nodes if n.name.count(".") == 1 and n.operator == "add"}
