@@ -11,7 +11,7 @@
     python -P tests/training_probe.py growth
         the IBP bounds of mnist-vit4-ln (natural, from the zoo) and of a fresh model of its
         architecture (seed 0, PyTorch's and Shi et al.'s initialisation) and without LayerNorm
-        (mnist-vit4's), in float32 and float64:
+        (mnist-vit4's and mnist-vit8's), in float32 and float64:
         the mean over 8 test images of the smallest natural margin and of the smallest IBP lower
         margin (certify.margin_bounds) at eps 0, 1e-12, 1e-9, 1e-6 and 0.02, and the width growth
         (largest width / input width, certify.interval_widths) at the end of each block at eps 1e-12.
@@ -93,6 +93,9 @@ def growth(args):
     torch.manual_seed(0)
     models["fresh without LayerNorm (mnist-vit4's architecture)"] = ViT(
         image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=4).eval()
+    torch.manual_seed(0)
+    models["fresh without LayerNorm, 8 blocks (mnist-vit8's architecture)"] = ViT(
+        image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=8).eval()
     for name, model in models.items():
         for dtype in (torch.float32, torch.float64):
             m, xd = model.to(dtype), x.to(dtype)
