@@ -15,11 +15,12 @@ import copy
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn import functional as F
 
 from softcert.certify.ops import tensor_of
 from softcert.certify.options import AttackOptions
 from softcert.certify.spec import DOMAIN, check_domain, check_eps, check_images, check_labels, in_ball, inner_box
-from softcert.certify.trace import Logits
+from softcert.certify.trace import Logits, logits_of
 
 
 def model_dtype(model):
@@ -74,6 +75,22 @@ def pgd(model, x, label, eps, options=AttackOptions(), *, domain=DOMAIN, box=Non
             (g,) = torch.autograd.grad(-w.sum(), xa)
             xa = torch.minimum(torch.maximum(xa + step * g.sign(), lo), hi)
     return best_x.detach(), best_m
+
+
+def pgd_cross_entropy(model, y, box, step, steps):
+    """A point of ``box`` = (lo, hi) from ``steps`` sign steps of ``step`` up the cross-entropy
+    of the model's logits at labels ``y``, projected onto the box, from a uniform random start
+    drawn from torch's global generator: the adversarial points of PGD training (Madry et al.
+    2018) and of SABR's small boxes (certify.training). One start, no best-point tracking: a
+    training loss wants a point, not a confirmed counterexample (``pgd`` is that side). The
+    model runs in whatever mode the caller left it."""
+    lo, hi = box
+    xa = lo + (hi - lo) * torch.rand_like(lo)
+    for _ in range(steps):
+        xa.requires_grad_(True)
+        (g,) = torch.autograd.grad(F.cross_entropy(logits_of(model(xa)).reshape(len(xa), -1), y), xa)
+        xa = torch.minimum(torch.maximum(xa.detach() + step * g.sign(), lo), hi)
+    return xa.detach()
 
 
 def _check_options(options):

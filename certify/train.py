@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from softcert.certify import data
+from softcert.certify.attack import pgd_cross_entropy
 from softcert.certify.models import ViT
 
 ZOO_DIR = Path(__file__).with_name("zoo")
@@ -78,13 +79,7 @@ CERTIFIED = {
 
 
 def _pgd_batch(model, x, y, eps, steps=5):
-    lo, hi = (x - eps).clamp(min=0), (x + eps).clamp(max=1)
-    xa = lo + (hi - lo) * torch.rand_like(x)
-    for _ in range(steps):
-        xa.requires_grad_(True)
-        (g,) = torch.autograd.grad(nn.functional.cross_entropy(model(xa), y), xa)
-        xa = torch.minimum(torch.maximum(xa.detach() + eps / 2 * g.sign(), lo), hi)
-    return xa.detach()
+    return pgd_cross_entropy(model, y, ((x - eps).clamp(min=0), (x + eps).clamp(max=1)), eps / 2, steps)
 
 
 def train(name: str, seed: int = 0, log=None) -> ViT:

@@ -50,6 +50,7 @@ import torch
 from torch.nn import functional as F
 
 from softcert.certify import crown
+from softcert.certify.attack import pgd_cross_entropy
 from softcert.certify.lowering import current_softmax_form
 from softcert.certify.ops import tensor_of
 from softcert.certify.options import PropagationOptions
@@ -569,12 +570,8 @@ def _robust_box(model, x, y, eps, options):
     lo, hi = input_box(x, eps, options.domain)
     was_training = model.training
     model.eval()
-    xa = lo + (hi - lo) * torch.rand_like(x)
     step = 2.5 * eps / options.attack_steps  # Madry et al. 2018's step for a few-step attack
-    for _ in range(options.attack_steps):
-        xa.requires_grad_(True)
-        (g,) = torch.autograd.grad(F.cross_entropy(logits_of(model(xa)).reshape(len(x), -1), y), xa)
-        xa = torch.minimum(torch.maximum(xa.detach() + step * g.sign(), lo), hi)
+    xa = pgd_cross_entropy(model, y, (lo, hi), step, options.attack_steps)
     model.train(was_training)
     inner = (1 - frac) * eps
     return torch.minimum(torch.maximum(xa, x - inner), x + inner).detach(), frac * eps

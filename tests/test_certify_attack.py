@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from softcert import certify
-from softcert.certify.attack import attack, pgd
+from softcert.certify.attack import attack, pgd, pgd_cross_entropy
 from softcert.certify.options import AttackOptions, BabOptions
 from softcert.certify.result import STATUSES
 
@@ -184,3 +184,21 @@ def test_attack_options_are_validated_and_drive_pgd():
     assert short[0, 1] > 0 > long[0, 1]
     assert attack(model, x, lab, 0.25, options=AttackOptions(steps=1, restarts=1, step=1.0),
                   domain=None).status == ("sat",)
+
+
+def test_pgd_cross_entropy_stays_in_its_box_and_climbs_the_loss_of_a_linear_model():
+    """On this 2-class linear model the cross-entropy's gradient has the same sign everywhere,
+    so sign steps as wide as the box reach its loss-maximising corner from any start and stay
+    there (the projection is a clamp): the result is that corner, exactly, above the centre's loss."""
+    model = linear([[1.0, -1.0], [-1.0, 1.0]], [0.0, 0.0])
+    x = torch.tensor([[0.5, 0.5], [0.2, 0.7]], dtype=torch.float64)
+    y = torch.tensor([0, 1])
+    lo, hi = x - 0.1, x + 0.1
+    torch.manual_seed(0)
+    point = pgd_cross_entropy(model, y, (lo, hi), 0.2, 3)
+    assert bool(((point >= lo) & (point <= hi)).all())
+    # the loss-maximising corner: away from class y (x0 small, x1 large for y = 0; the reverse for y = 1)
+    corner = torch.stack([torch.stack([lo[0, 0], hi[0, 1]]), torch.stack([hi[1, 0], lo[1, 1]])])
+    assert torch.equal(point, corner)
+    loss = nn.functional.cross_entropy(model(point), y, reduction="none")
+    assert bool((loss > nn.functional.cross_entropy(model(x), y, reduction="none")).all())
