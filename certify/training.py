@@ -133,8 +133,9 @@ class CertifiedTraining:
     ``attack_steps``: PGD steps for the small box's centre (5: SABR's train_steps in CTBench).
     ``ramp_start``: the fraction of eps the "geometric" ramp starts from (1e-4: the span of the
     geometric ramp measured in docs/certify/training.md; unused by the other ramps). A model's
-    interval bounds can grow by 1e4 per attention block at any radius (docs/certify/training.md),
-    so that no linear ramp reaches a radius where its robust loss is informative."""
+    interval bounds can grow by 1e3-1e6 per attention block (docs/certify/training.md, "Why
+    those runs collapse"), so that a linear ramp spends almost all its steps at radii where
+    the robust loss is saturated."""
 
     eps: float = 0.02
     epochs: int = 100
