@@ -14,7 +14,9 @@
         (mnist-vit4's and mnist-vit8's), in float32 and float64:
         the mean over 8 test images of the smallest natural margin and of the smallest IBP lower
         margin (certify.margin_bounds) at eps 0, 1e-12, 1e-9, 1e-6 and 0.02, and the width growth
-        (largest width / input width, certify.interval_widths) at the end of each block at eps 1e-12.
+        (largest width / input width, certify.interval_widths) at the end of each block at eps 1e-12;
+        with --nodes, also every node of the first block of the fresh LayerNorm model (PyTorch's
+        init) at eps 1e-10, float64: where the widths grow.
 """
 import argparse
 import math
@@ -109,6 +111,12 @@ def growth(args):
         ends = {n.name: n.max_width / w.input_width for n in w.nodes if n.name.count(".") == 1 and n.operator == "add"}
         print(f"{name}, float64, eps 1e-12: width growth at each block's end: "
               + ", ".join(f"{k} {v:.2g}" for k, v in ends.items()), flush=True)
+    if args.nodes:
+        fresh = models["fresh (default init)"].to(torch.float64)
+        w = certify.interval_widths(fresh, x.to(torch.float64), 1e-10)
+        for n in w.nodes:
+            if n.name.startswith("blocks.0") and n.operator not in ("reshape", "permute"):
+                print(f"{n.index} {n.name} {n.operator}: width x {n.max_width / w.input_width:.3g} of the input's")
 
 
 def main():
@@ -120,7 +128,8 @@ def main():
     f = sub.add_parser("from-scratch")
     f.add_argument("--init", choices=("default", "ibp"), default="ibp")
     f.add_argument("--epochs", type=int, default=60)
-    sub.add_parser("growth")
+    g = sub.add_parser("growth")
+    g.add_argument("--nodes", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     {"step": step, "from-scratch": from_scratch, "growth": growth}[args.what](args)
