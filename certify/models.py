@@ -75,14 +75,22 @@ class Block(nn.Module):
         return x + self.fc2(self.relu(self.fc1(self.norm2(x))))
 
 
+#: the initialisations of the residual branches (``ViTConfig.branch_init``)
+BRANCH_INITS = ("default", "zero")
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     """The architecture of a ``ViT``: ``image`` (C, H, W), square patches of side ``patch``
     (dividing H and W), width ``dim``, ``heads`` (dividing ``dim``), MLP width ``mlp``,
     ``depth`` blocks, ``classes`` logits, ``layer_norm`` (pre-norm blocks and a final norm;
     else Identity), ``norm_variance`` (False: those norms are ``CentredLayerNorm``s, without
-    the division by the standard deviation) and ``pool`` ("mean" over tokens or the "cls" token). ``ViT.config`` is
-    its dict (``asdict``), the form ``certify/train.py`` saves in the zoo checkpoints."""
+    the division by the standard deviation), ``pool`` ("mean" over tokens or the "cls" token) and
+    ``branch_init``: "default" (PyTorch's initialisation) or "zero" (each block's attention output
+    projection and second MLP layer start with weight 0, so every block is the identity at the first
+    step: SkipInit, De & Smith 2020; ReZero, Bachlechner et al. 2020; it keeps the interval bounds of
+    a fresh deep LayerNorm model informative, docs/certify/training.md). ``ViT.config`` is its dict
+    (``asdict``), the form ``certify/train.py`` saves in the zoo checkpoints."""
 
     image: tuple = (1, 28, 28)
     patch: int = 7
@@ -94,6 +102,7 @@ class ViTConfig:
     layer_norm: bool = False
     pool: str = "mean"
     norm_variance: bool = True
+    branch_init: str = "default"
 
     def __post_init__(self):
         object.__setattr__(self, "image", tuple(self.image))
@@ -102,6 +111,8 @@ class ViTConfig:
             raise ValueError(f"patch: {self.patch} does not divide the image size {h}x{w}")
         if self.pool not in ("mean", "cls"):
             raise ValueError(f"pool: expected 'mean' or 'cls', got {self.pool!r}")
+        if self.branch_init not in BRANCH_INITS:
+            raise ValueError(f"branch_init: expected one of {', '.join(BRANCH_INITS)}, got {self.branch_init!r}")
         for name in ("layer_norm", "norm_variance"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
@@ -132,6 +143,15 @@ class ViT(nn.Module):
                                     for _ in range(config.depth))
         self.norm = _norm(dim, config.layer_norm, config.norm_variance)
         self.head = nn.Linear(dim, config.classes)
+        if config.branch_init == "zero":
+            self._zero_branches()
+
+    def _zero_branches(self):
+        # after every random draw, so that "zero" and "default" models of one seed share the rest
+        with torch.no_grad():
+            for blk in self.blocks:
+                blk.attn.o.weight.zero_()
+                blk.fc2.weight.zero_()
 
     def patchify(self, x):
         """(B, C, H, W) -> (B, N, C·p·p), patches in row-major order."""

@@ -54,7 +54,8 @@ RECIPES = {
 
 #: certifiably trained zoo models (certify.training, issue 34): name -> (the recipe whose
 #: architecture and dataset they use, the ``CertifiedTraining`` fields that differ from its
-#: defaults). Regenerate one (not part of --all; docs/certify/training.md gives the times):
+#: defaults[, how the fresh model differs: ViTConfig fields such as branch_init, and "dtype"],
+#: read by ``certified_recipe``). Regenerate one (not part of --all; docs/certify/training.md gives the times):
 #:     softcert train --certified NAME        (writes certify/zoo/NAME.pt and NAME.json)
 CERTIFIED = {
     # 10 natural epochs first: with the reference's one (32 steps on 4,000 images) the models
@@ -76,6 +77,13 @@ CERTIFIED = {
                                          ramp_start=1e-10, kappa_start=0.5, kappa_end=0.5, lr=1e-3,
                                          lr_milestones=(120,), grad_clip=10.0, bound="ibp")),
 }
+
+
+def certified_recipe(name: str) -> tuple[str, dict, dict]:
+    """(architecture recipe, CertifiedTraining fields, fresh-model fields) of the certifiably
+    trained zoo model ``name`` (``CERTIFIED``; an entry of two has no fresh-model fields)."""
+    arch, options, *build = CERTIFIED[name]
+    return arch, options, dict(build[0]) if build else {}
 
 
 def _pgd_batch(model, x, y, eps, steps=5):

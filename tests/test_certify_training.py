@@ -381,6 +381,28 @@ def test_cli_trains_a_certified_zoo_name_with_its_recorded_options(tmp_path, mon
     assert log["training"]["lr"] == 0.001 and log["training"]["eps"] == 0.01
 
 
+def test_cli_builds_a_certified_zoo_name_with_its_recorded_branch_init_and_dtype(tmp_path, monkeypatch, capsys):
+    """A CERTIFIED entry's third element (fresh-model fields) reaches the model: its config
+    carries branch_init and its weights the dtype; --branch-init overrides it, and is refused
+    for a model that brings its own weights."""
+    from softcert.certify import train
+
+    recorded = dict(eps=0.01, epochs=1, warmup_epochs=0, ramp_epochs=1, batch_size=32)
+    monkeypatch.setitem(train.CERTIFIED, "digits-vit1-ct", ("digits-vit1", recorded,
+                                                            dict(branch_init="zero", dtype="float64")))
+    assert softcert.cli.main(["train", "--certified", "digits-vit1-ct", "--n", "32", "--out", str(tmp_path)]) == 0
+    ckpt = torch.load(tmp_path / "digits-vit1-ct.pt", weights_only=True)
+    assert ckpt["config"]["branch_init"] == "zero" and ckpt["training"]["dtype"] == "float64"
+    assert all(v.dtype == torch.float64 for v in ckpt["state_dict"].values() if v.is_floating_point())
+    argv = ["train", "--certified", "digits-vit1-ct", "--n", "32", "--branch-init", "default", "--out", str(tmp_path)]
+    assert softcert.cli.main(argv) == 0
+    assert torch.load(tmp_path / "digits-vit1-ct.pt", weights_only=True)["config"]["branch_init"] == "default"
+    argv = ["train", "--certified", "--model", str(tmp_path / "digits-vit1-ct.pt"), "--data", "digits",
+            "--branch-init", "zero", "--out", str(tmp_path)]
+    assert softcert.cli.main(argv) == 2
+    assert "--branch-init: initialises a fresh zoo architecture" in capsys.readouterr().err
+
+
 def test_cli_certified_flags_need_certified(capsys):
     assert softcert.cli.main(["train", "digits-vit1", "--eps", "0.1"]) == 2
     assert "--eps: only with --certified" in capsys.readouterr().err

@@ -51,6 +51,7 @@ def configure(parser) -> None:
                     help="the training set of a model that is not a zoo recipe: .pt or .npz with x (B, C, H, W) in "
                          "[0, 1] and integer labels y, or a bundled split (digits, mnist5k: its training part)")
     ct.add_argument("--n", type=int, default=None, help="train on the first n samples only (default: all)")
+    from softcert.certify.models import BRANCH_INITS
     from softcert.certify.training import BOUNDS, RAMPS, CertifiedTraining
 
     # default None: the options recorded for a certifiably trained zoo name, else CertifiedTraining's
@@ -69,6 +70,10 @@ def configure(parser) -> None:
     ct.add_argument("--dtype", choices=("float32", "float64"), default=None,
                     help="train the model in this dtype (default: the model's own; float64 keeps the interval "
                          "bounds informative at radii float32 rounding would swamp)")
+    ct.add_argument("--branch-init", choices=BRANCH_INITS, default=None,
+                    help="the residual branches of a fresh zoo architecture: default (PyTorch's initialisation) or "
+                         "zero (each block starts as the identity, so that interval bounds of a deep LayerNorm model "
+                         "are informative from the first step; certify.models.ViTConfig)")
     ct.add_argument("--box-fraction", type=float, default=None,
                     help=f"bound a box of this fraction of eps around a PGD point (SABR; default {d.box_fraction}: "
                          f"the whole box)")
@@ -77,7 +82,7 @@ def configure(parser) -> None:
 def run(args) -> int:
     if args.certified:
         return _run_certified(args)
-    for flag in ("--model", "--data", "--n", "--dtype", *_CT_FLAGS):
+    for flag in ("--model", "--data", "--n", "--dtype", "--branch-init", *_CT_FLAGS):
         if getattr(args, flag[2:].replace("-", "_")) is not None:
             raise ValueError(f"{flag}: only with --certified")
     names = list(train.RECIPES) if args.all else args.names
@@ -109,10 +114,22 @@ def _spec(args):
     return spec
 
 
+def _zoo_certified(spec):
+    return spec in train.CERTIFIED and not Path(spec).exists()
+
+
+def _build(args, spec):
+    """The fresh-model fields (ViTConfig's branch_init, "dtype") of a zoo recipe or certified
+    zoo name: recorded (``certify.train.certified_recipe``), overridden by --branch-init and --dtype."""
+    recorded = train.certified_recipe(spec)[2] if _zoo_certified(spec) else {}
+    flags = {"branch_init": args.branch_init, "dtype": args.dtype}
+    return {**recorded, **{k: v for k, v in flags.items() if v is not None}}
+
+
 def _options(args, spec):
     from softcert.certify.training import CertifiedTraining
 
-    recorded = train.CERTIFIED[spec][1] if spec in train.CERTIFIED and not Path(spec).exists() else {}
+    recorded = train.certified_recipe(spec)[1] if _zoo_certified(spec) else {}
     flags = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in _CT_FLAGS.items()}
     fields = {**recorded, **{k: v for k, v in flags.items() if v is not None}, "seed": args.seed}
     try:
@@ -132,19 +149,23 @@ def _source(args, spec):
     from softcert.certify.models import ViT
     from softcert.cli import model_formats, modelio
 
-    zoo = {**{n: (n, f"{n}-ct") for n in train.RECIPES}, **{n: (a, n) for n, (a, _) in train.CERTIFIED.items()}}
+    zoo = {**{n: (n, f"{n}-ct") for n in train.RECIPES},
+           **{n: (train.certified_recipe(n)[0], n) for n in train.CERTIFIED}}
     if spec in zoo and not Path(spec).exists():
         arch, name = zoo[spec]
         if args.data is not None:
             raise ValueError(f"--data: the zoo model {spec!r} trains on its own dataset "
                              f"({train.RECIPES[arch][0]}); drop --data")
         dataset, cfg, _ = train.RECIPES[arch]
+        build = _build(args, spec)
         torch.manual_seed(args.seed)
-        model = ViT(**cfg)
+        model = ViT(**cfg, **{k: v for k, v in build.items() if k != "dtype"})
         x, y, _, _ = getattr(bundled, dataset)()
         config = dict(model.config, image=list(model.config["image"]))
         return model, x, y, name, _VIT, config, dataset
     source = model_formats.parse(spec)
+    if args.branch_init is not None:
+        raise ValueError(f"--branch-init: initialises a fresh zoo architecture; {spec} brings its own weights")
     if source.kind in ("zoo", "onnx", "export"):
         raise ValueError(f"--model: {spec} is {'a zoo checkpoint without a recipe' if source.kind == 'zoo' else 'an ' + source.kind + ' file'}; "
                          f"certified training needs a model it can rebuild: a zoo recipe ({', '.join(train.RECIPES)}), "
@@ -180,10 +201,11 @@ def _run_certified(args) -> int:
         if args.n < 1:
             raise ValueError(f"--n: expected a positive number of samples, got {args.n}")
         x, y = x[:args.n], y[:args.n]
-    zoo_name = spec in train.CERTIFIED and not Path(spec).exists()
+    zoo_name = _zoo_certified(spec)
     out = Path(args.out) if args.out is not None else (train.ZOO_DIR if zoo_name else Path("."))
-    if args.dtype is not None:
-        model = model.to(getattr(torch, args.dtype))
+    dtype = _build(args, spec).get("dtype")
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
     torch.set_num_threads(1)
     steps = options.epochs * -(-len(x) // options.batch_size)
     bar = common.progress(total=steps, desc=f"{name} (certified, {options.bound})")
