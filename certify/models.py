@@ -173,3 +173,27 @@ class ViT(nn.Module):
 
     def forward(self, x):
         return self.forward_patches(self.patchify(x))
+
+
+def grown(model: ViT, depth: int) -> ViT:
+    """``model`` with ``depth`` blocks (progressive stacking, Gong et al. 2019): block j >= L (L
+    the model's depth, depth <= 2L) is a copy of block j - L whose attention output projection
+    and second MLP layer (weights and biases) are zero, so the grown model computes the same
+    function, in the model's dtype, and every new block starts as the identity on trained
+    (not fresh) branches: their interval bounds are the model's own at the first step, and an
+    optimiser's first steps on the zeros move branches of trained size."""
+    if not isinstance(model, ViT):
+        raise ValueError(f"model: expected a certify.models.ViT, got {type(model).__name__}")
+    old = model.config["depth"]
+    if not (isinstance(depth, int) and old <= depth <= 2 * old):
+        raise ValueError(f"depth: expected an int from {old} to {2 * old} (the model has {old} blocks), got {depth!r}")
+    out = ViT(**dict(model.config, image=tuple(model.config["image"]), depth=depth)).to(next(model.parameters()).dtype)
+    state = out.state_dict()
+    for k, v in model.state_dict().items():
+        state[k] = v.clone()
+        if k.startswith("blocks.") and int(k.split(".")[1]) + old < depth:
+            new = f"blocks.{int(k.split('.')[1]) + old}.{k.split('.', 2)[2]}"
+            zeroed = new.endswith(("attn.o.weight", "attn.o.bias", "fc2.weight", "fc2.bias"))
+            state[new] = torch.zeros_like(v) if zeroed else v.clone()
+    out.load_state_dict(state)
+    return out.train(model.training)

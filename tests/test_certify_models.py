@@ -185,3 +185,26 @@ def test_zero_branch_init_keeps_interval_bounds_of_a_fresh_layernorm_vit_informa
         assert (lower <= natural + 1e-6).all()
         gaps[init] = float((natural - lower).max())
     assert gaps["zero"] < 0.1 < 10 < gaps["default"]
+
+
+def test_grown_computes_the_same_function_with_the_same_interval_bounds():
+    """grown(model, depth) adds copies of the first blocks with zero output layers: the same
+    logits and the same IBP margins as the model; the copies' other weights are the source
+    blocks'; a depth outside [L, 2L] is a ValueError naming depth."""
+    from softcert import certify
+    from softcert.certify.models import grown
+
+    torch.manual_seed(0)
+    small = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3, depth=2, layer_norm=True).double().eval()
+    big = grown(small, 3).eval()
+    assert big.config["depth"] == 3 and next(big.parameters()).dtype == torch.float64
+    assert torch.equal(big.blocks[2].attn.q.weight, small.blocks[0].attn.q.weight)
+    assert not big.blocks[2].fc2.weight.any() and not big.blocks[2].attn.o.bias.any()
+    x = torch.rand(5, 1, 4, 4, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1])
+    with torch.no_grad():
+        assert torch.equal(big(x), small(x))
+        assert torch.equal(certify.margin_bounds(big, x, y, 0.01, "ibp"), certify.margin_bounds(small, x, y, 0.01, "ibp"))
+    for bad in (1, 5):
+        with pytest.raises(ValueError, match="depth"):
+            grown(small, bad)

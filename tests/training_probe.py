@@ -10,7 +10,8 @@
         Linear of fan-in n, biases 0); one line per epoch: eps, mean natural and robust loss;
     python -P tests/training_probe.py growth
         the IBP bounds of mnist-vit4-ln (natural, from the zoo) and of a fresh model of its
-        architecture (seed 0, PyTorch's and Shi et al.'s initialisation) and without LayerNorm
+        architecture (seed 0, PyTorch's and Shi et al.'s initialisation, and zero residual branches
+        at 4 and 8 blocks: certify.models.ViTConfig.branch_init) and without LayerNorm
         (mnist-vit4's and mnist-vit8's), in float32 and float64:
         the mean over 8 test images of the smallest natural margin and of the smallest IBP lower
         margin (certify.margin_bounds) at eps 0, 1e-12, 1e-9, 1e-6 and 0.02, and the width growth
@@ -92,6 +93,12 @@ def growth(args):
         if init == "ibp":
             _ibp_init(fresh)
         models[f"fresh ({init} init)"] = fresh
+    torch.manual_seed(0)
+    models["fresh, zero residual branches (branch_init='zero')"] = ViT(
+        image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=4, layer_norm=True, branch_init="zero").eval()
+    torch.manual_seed(0)
+    models["fresh, zero residual branches, 8 blocks"] = ViT(
+        image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=8, layer_norm=True, branch_init="zero").eval()
     torch.manual_seed(0)
     models["fresh without LayerNorm (mnist-vit4's architecture)"] = ViT(
         image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=4).eval()

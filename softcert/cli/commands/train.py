@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -143,6 +144,26 @@ def _options(args, spec):
         raise
 
 
+def _grown_from(name, cfg):
+    """The zoo model ``name`` in the weights' own dtype, grown to the recipe's depth
+    (``certify.models.grown``; CERTIFIED "grow_from")."""
+    from softcert.certify.models import ViT, ViTConfig, grown
+
+    path = train.ZOO_DIR / f"{name}.pt"
+    if not path.exists():
+        raise ValueError(f"--model: grows from {name!r}, whose checkpoint is not in {train.ZOO_DIR}; train it first: "
+                         f"softcert train --certified {name}")
+    ckpt = torch.load(path, weights_only=True)
+    source = dict(ckpt["config"], image=tuple(ckpt["config"]["image"]))
+    want, have = asdict(ViTConfig(**cfg)), asdict(ViTConfig(**source))
+    differs = [k for k in want if k not in ("depth", "branch_init") and want[k] != have[k]]
+    if differs:
+        raise ValueError(f"--model: {name!r} is not the recipe's architecture at another depth ({differs[0]} differs)")
+    model = ViT(**source).to(next(iter(ckpt["state_dict"].values())).dtype)
+    model.load_state_dict(ckpt["state_dict"])
+    return grown(model, cfg["depth"])
+
+
 def _source(args, spec):
     """(model, x, y, output name, recipe, config, dataset) of the model ``spec`` and --data."""
     from softcert.certify import data as bundled
@@ -158,8 +179,11 @@ def _source(args, spec):
                              f"({train.RECIPES[arch][0]}); drop --data")
         dataset, cfg, _ = train.RECIPES[arch]
         build = _build(args, spec)
-        torch.manual_seed(args.seed)
-        model = ViT(**cfg, **{k: v for k, v in build.items() if k != "dtype"})
+        if "grow_from" in build:
+            model = _grown_from(build["grow_from"], cfg)
+        else:
+            torch.manual_seed(args.seed)
+            model = ViT(**cfg, **{k: v for k, v in build.items() if k != "dtype"})
         x, y, _, _ = getattr(bundled, dataset)()
         config = dict(model.config, image=list(model.config["image"]))
         return model, x, y, name, _VIT, config, dataset
