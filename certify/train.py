@@ -54,8 +54,9 @@ RECIPES = {
 
 #: certifiably trained zoo models (certify.training, issue 34): name -> (the recipe whose
 #: architecture and dataset they use, the ``CertifiedTraining`` fields that differ from its
-#: defaults[, how the fresh model differs: ViTConfig fields such as branch_init, and "dtype"],
-#: read by ``certified_recipe``). Regenerate one (not part of --all; docs/certify/training.md gives the times):
+#: defaults[, how the model to train is made: ViTConfig fields such as branch_init, "dtype", and
+#: "start_from": a zoo model to continue from, grown to the recipe's depth by
+#: certify.models.grown], read by ``certified_recipe``). Regenerate one (not part of --all; docs/certify/training.md gives the times):
 #:     softcert train --certified NAME        (writes certify/zoo/NAME.pt and NAME.json)
 CERTIFIED = {
     # 10 natural epochs first: with the reference's one (32 steps on 4,000 images) the models
@@ -90,13 +91,13 @@ CERTIFIED = {
     # its last decades at 8 blocks (docs/certify/training.md)
     "mnist-vit8-ln-ct": ("mnist-vit8-ln", dict(eps=0.02, epochs=24, warmup_epochs=0, ramp_epochs=0, kappa_start=0.5,
                                                kappa_end=0.5, lr=1e-3, lr_milestones=(20,), grad_clip=10.0, bound="ibp"),
-                         dict(grow_from="mnist-vit4-ln-ct", dtype="float64")),
+                         dict(start_from="mnist-vit4-ln-ct", dtype="float64")),
 }
 
 
 def certified_recipe(name: str) -> tuple[str, dict, dict]:
-    """(architecture recipe, CertifiedTraining fields, fresh-model fields) of the certifiably
-    trained zoo model ``name`` (``CERTIFIED``; an entry of two has no fresh-model fields)."""
+    """(architecture recipe, CertifiedTraining fields, model fields) of the certifiably trained
+    zoo model ``name`` (``CERTIFIED``; an entry of two has no model fields)."""
     arch, options, *build = CERTIFIED[name]
     return arch, options, dict(build[0]) if build else {}
 

@@ -404,14 +404,14 @@ def test_cli_builds_a_certified_zoo_name_with_its_recorded_branch_init_and_dtype
 
 
 def test_cli_grows_a_certified_zoo_name_from_its_source_model(tmp_path, monkeypatch, capsys):
-    """A CERTIFIED entry with "grow_from" starts from that zoo model grown to the recipe's
+    """A CERTIFIED entry with "start_from" starts from that zoo model grown to the recipe's
     depth (certify.models.grown): before any step the model computes the source's logits; a
     source that is missing, or of another architecture, is a ValueError naming --model."""
     from softcert.certify import train, zoo
     from softcert.certify.models import grown
 
     recorded = dict(eps=0.02, epochs=1, warmup_epochs=0, ramp_epochs=0, batch_size=16, lr=1e-12)
-    monkeypatch.setitem(train.CERTIFIED, "grown-ct", ("mnist-vit8-ln", recorded, dict(grow_from="mnist-vit4-ln-ct")))
+    monkeypatch.setitem(train.CERTIFIED, "grown-ct", ("mnist-vit8-ln", recorded, dict(start_from="mnist-vit4-ln-ct")))
     assert softcert.cli.main(["train", "--certified", "grown-ct", "--n", "16", "--out", str(tmp_path)]) == 0
     ckpt = torch.load(tmp_path / "grown-ct.pt", weights_only=True)
     assert ckpt["config"]["depth"] == 8 and ckpt["config"]["layer_norm"]
@@ -419,10 +419,10 @@ def test_cli_grows_a_certified_zoo_name_from_its_source_model(tmp_path, monkeypa
     model = model_formats.checkpoint(tmp_path / "grown-ct.pt").eval()
     with torch.no_grad():  # lr 1e-12: one step moves no logit visibly
         assert torch.allclose(model(x[:8].float()), grown(source, 8).eval()(x[:8].float()), atol=1e-5)
-    monkeypatch.setitem(train.CERTIFIED, "grown-ct", ("mnist-vit8", recorded, dict(grow_from="mnist-vit4-ln-ct")))
+    monkeypatch.setitem(train.CERTIFIED, "grown-ct", ("mnist-vit8", recorded, dict(start_from="mnist-vit4-ln-ct")))
     assert softcert.cli.main(["train", "--certified", "grown-ct", "--n", "16", "--out", str(tmp_path)]) == 2
     assert "not the recipe's architecture at another depth (layer_norm differs)" in capsys.readouterr().err
-    monkeypatch.setitem(train.CERTIFIED, "grown-ct", ("mnist-vit8-ln", recorded, dict(grow_from="no-such-ct")))
+    monkeypatch.setitem(train.CERTIFIED, "grown-ct", ("mnist-vit8-ln", recorded, dict(start_from="no-such-ct")))
     assert softcert.cli.main(["train", "--certified", "grown-ct", "--n", "16", "--out", str(tmp_path)]) == 2
     assert "softcert train --certified no-such-ct" in capsys.readouterr().err
 

@@ -144,14 +144,14 @@ def _options(args, spec):
         raise
 
 
-def _grown_from(name, cfg):
-    """The zoo model ``name`` in the weights' own dtype, grown to the recipe's depth
-    (``certify.models.grown``; CERTIFIED "grow_from")."""
+def _started_from(name, cfg):
+    """The zoo model ``name`` in its weights' own dtype (CERTIFIED "start_from": training
+    continues from it), grown to the recipe's depth when that is deeper (``certify.models.grown``)."""
     from softcert.certify.models import ViT, ViTConfig, grown
 
     path = train.ZOO_DIR / f"{name}.pt"
     if not path.exists():
-        raise ValueError(f"--model: grows from {name!r}, whose checkpoint is not in {train.ZOO_DIR}; train it first: "
+        raise ValueError(f"--model: starts from {name!r}, whose checkpoint is not in {train.ZOO_DIR}; train it first: "
                          f"softcert train --certified {name}")
     ckpt = torch.load(path, weights_only=True)
     source = dict(ckpt["config"], image=tuple(ckpt["config"]["image"]))
@@ -179,8 +179,8 @@ def _source(args, spec):
                              f"({train.RECIPES[arch][0]}); drop --data")
         dataset, cfg, _ = train.RECIPES[arch]
         build = _build(args, spec)
-        if "grow_from" in build:
-            model = _grown_from(build["grow_from"], cfg)
+        if "start_from" in build:
+            model = _started_from(build["start_from"], cfg)
         else:
             torch.manual_seed(args.seed)
             model = ViT(**cfg, **{k: v for k, v in build.items() if k != "dtype"})
