@@ -70,6 +70,11 @@ class Block(nn.Module):
         self.norm2 = _norm(dim, layer_norm, norm_variance)
         self.fc1, self.relu, self.fc2 = nn.Linear(dim, mlp), nn.ReLU(), nn.Linear(mlp, dim)
 
+    def branch_outputs(self):
+        """The last layers of the two residual branches (attention output projection, second MLP
+        layer): zero weights make the block the identity up to their biases."""
+        return self.attn.o, self.fc2
+
     def forward(self, x):
         x = x + self.attn(self.norm1(x))
         return x + self.fc2(self.relu(self.fc1(self.norm2(x))))
@@ -150,8 +155,8 @@ class ViT(nn.Module):
         # after every random draw, so that "zero" and "default" models of one seed share the rest
         with torch.no_grad():
             for blk in self.blocks:
-                blk.attn.o.weight.zero_()
-                blk.fc2.weight.zero_()
+                for layer in blk.branch_outputs():
+                    layer.weight.zero_()
 
     def patchify(self, x):
         """(B, C, H, W) -> (B, N, C·p·p), patches in row-major order."""
@@ -188,12 +193,11 @@ def grown(model: ViT, depth: int) -> ViT:
     if not (isinstance(depth, int) and old <= depth <= 2 * old):
         raise ValueError(f"depth: expected an int from {old} to {2 * old} (the model has {old} blocks), got {depth!r}")
     out = ViT(**dict(model.config, image=tuple(model.config["image"]), depth=depth)).to(next(model.parameters()).dtype)
-    state = out.state_dict()
-    for k, v in model.state_dict().items():
-        state[k] = v.clone()
-        if k.startswith("blocks.") and int(k.split(".")[1]) + old < depth:
-            new = f"blocks.{int(k.split('.')[1]) + old}.{k.split('.', 2)[2]}"
-            zeroed = new.endswith(("attn.o.weight", "attn.o.bias", "fc2.weight", "fc2.bias"))
-            state[new] = torch.zeros_like(v) if zeroed else v.clone()
-    out.load_state_dict(state)
+    out.load_state_dict(model.state_dict(), strict=False)  # every key but the new blocks'
+    with torch.no_grad():
+        for blk, source in zip(out.blocks[old:], model.blocks):
+            blk.load_state_dict(source.state_dict())
+            for layer in blk.branch_outputs():
+                layer.weight.zero_()
+                layer.bias.zero_()
     return out.train(model.training)

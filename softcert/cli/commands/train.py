@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -120,8 +119,9 @@ def _zoo_certified(spec):
 
 
 def _build(args, spec):
-    """The fresh-model fields (ViTConfig's branch_init, "dtype") of a zoo recipe or certified
-    zoo name: recorded (``certify.train.certified_recipe``), overridden by --branch-init and --dtype."""
+    """How the model to train is made (ViTConfig's branch_init, "dtype", "start_from"): as
+    recorded for a certified zoo name (``certify.train.certified_recipe``), overridden by
+    --branch-init and --dtype."""
     recorded = train.certified_recipe(spec)[2] if _zoo_certified(spec) else {}
     flags = {"branch_init": args.branch_init, "dtype": args.dtype}
     return {**recorded, **{k: v for k, v in flags.items() if v is not None}}
@@ -155,7 +155,7 @@ def _started_from(name, cfg):
                          f"softcert train --certified {name}")
     ckpt = torch.load(path, weights_only=True)
     source = dict(ckpt["config"], image=tuple(ckpt["config"]["image"]))
-    want, have = asdict(ViTConfig(**cfg)), asdict(ViTConfig(**source))
+    want, have = dataclasses.asdict(ViTConfig(**cfg)), dataclasses.asdict(ViTConfig(**source))
     differs = [k for k in want if k not in ("depth", "branch_init") and want[k] != have[k]]
     if differs:
         raise ValueError(f"--model: {name!r} is not the recipe's architecture at another depth ({differs[0]} differs)")
