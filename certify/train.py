@@ -35,6 +35,8 @@ RECIPES = {
                    dict(epochs=20, adv_eps=0.0)),
     # the same with pre-norm LayerNorm blocks and a final norm (issue 34's architecture for
     # certified training; the naturally trained baseline of mnist-vit4-ct / -vit8-ct)
+    "mnist-vit2-ln": ("mnist5k", dict(image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=2,
+                                      layer_norm=True), dict(epochs=20, adv_eps=0.0)),
     "mnist-vit4-ln": ("mnist5k", dict(image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=4,
                                       layer_norm=True), dict(epochs=20, adv_eps=0.0)),
     "mnist-vit8-ln": ("mnist5k", dict(image=(1, 28, 28), patch=7, dim=64, heads=4, mlp=128, depth=8,
