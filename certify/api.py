@@ -5,7 +5,8 @@
 - ``verify_box``: the same over an explicit input box;
 - ``verify_text``: over an L∞ ball in embedding space on chosen token positions (Shi et al.
   2020, "Robustness verification for transformers"), for models that take ``inputs_embeds``;
-- ``linear_bounds``: lower bounds of C·output over a box, on a traced graph;
+- ``linear_bounds``: lower bounds of C·output over a box, on a traced graph (``vertex_bounds``:
+  those of "vertex" with the state of its propagation);
 - ``attention_scores``: the verifier's own attention scores at concrete inputs.
 Every method runs through ``certify.methods.Method.run`` and returns a ``certify.result.CertResult``.
 Models are traced by ``certify.trace`` through ``certify.graph_cache.graph_of`` (again whenever
@@ -20,7 +21,7 @@ import torch
 
 from softcert.certify import crown
 from softcert.certify.graph_cache import classes_of, graph_of
-from softcert.certify.methods import get_method
+from softcert.certify.methods import get_method, vertex_lower
 from softcert.certify.ops import tensor_of
 from softcert.certify.options import BoundOptions
 from softcert.certify.result import CertResult, Problem
@@ -50,6 +51,24 @@ def linear_bounds(graph, lower, upper, C, method="crown", center=None) -> torch.
     if meth.needs_model:
         raise ValueError(f"method: {method!r} runs on the torch model (auto_LiRPA, branch and bound); "
                          f"linear_bounds takes our bound-only methods")
+    lo, hi, c, C = _checked_box(graph, lower, upper, C, center)
+    return meth.lower(graph, lo, hi, c, C, BoundOptions()).detach().to(torch.float64)
+
+
+def vertex_bounds(graph, lower, upper, C, center=None):
+    """``linear_bounds(graph, lower, upper, C, "vertex", center)`` and the state of its one
+    propagation (``crown.BoundState``: every node's bounds, for callers that bound more of the
+    graph from them, as ``certify.vnncomp.lower_bounds`` bounds a softmax output)."""
+    lo, hi, c, C = _checked_box(graph, lower, upper, C, center)
+    with torch.no_grad():
+        state = crown.propagate(graph, lo, hi, algorithm="vertex", centre=c, options=BoundOptions().propagation)
+        bound = vertex_lower(state, C)
+    return bound.detach().to(torch.float64), state
+
+
+def _checked_box(graph, lower, upper, C, center):
+    """(lower, upper, centre, C) of ``linear_bounds`` checked against ``graph``: ValueError naming
+    the argument otherwise."""
     shape = tuple(graph.nodes[0].shape)
     lo, hi, c = check_box(lower, upper, center)
     if tuple(lo.shape[1:]) != shape:
@@ -61,7 +80,7 @@ def linear_bounds(graph, lower, upper, C, method="crown", center=None) -> torch.
     out = tuple(graph.nodes[graph.output].shape)
     if C.dim() != 2 + len(out) or C.shape[0] != lo.shape[0] or tuple(C.shape[2:]) != out:
         raise ValueError(f"C: expected shape ({lo.shape[0]}, S, {', '.join(map(str, out))}), got {tuple(C.shape)}")
-    return meth.lower(graph, lo, hi, c, C, BoundOptions()).detach().to(torch.float64)
+    return lo, hi, c, C
 
 
 def _lift(t):

@@ -185,6 +185,14 @@ def _alpha_crown(operators=None, iterations=20, lr=0.1, intermediate="full"):
 
 def _vertex(g, xl, xu, x0, C, options):
     state = crown.propagate(g, xl, xu, algorithm="vertex", centre=x0, options=options.propagation)
+    return vertex_lower(state, C)
+
+
+def vertex_lower(state, C):
+    """The lower bound of C·z of method "vertex" on its propagated ``state`` (``crown.propagate``
+    with algorithm="vertex"): CROWN's backward bound, the output's own interval where tighter,
+    and the backward bounds with the attention P·V terms solved by Vertex-Softmax."""
+    g = state.g
     lo = _with_interval(state, C, crown.backward(state, g.output, C))
     pvs = [a.pv for a in g.attention if a.pv is not None]
     if not pvs:

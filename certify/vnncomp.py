@@ -47,7 +47,7 @@ from onnx import helper
 
 from softcert.bounds import vertex_softmax
 from softcert.certify import bab, crown
-from softcert.certify.api import linear_bounds
+from softcert.certify.api import linear_bounds, vertex_bounds
 from softcert.certify.lowering import F64
 from softcert.certify.methods import METHODS
 from softcert.certify.onnx_graph import OnnxNetwork, forward, with_outputs
@@ -119,26 +119,26 @@ def lower_bounds(graph, xl, xu, C, method="crown"):
     the Vertex-Softmax bound of a softmax output (see the module docstring)."""
     if method not in BOUND_METHODS:
         raise ValueError(f"method: expected one of {BOUND_METHODS}, got {method!r}")
-    lo = linear_bounds(graph, xl, xu, C, method)
     att = _output_softmax(graph)
-    if method == "vertex" and att is not None:
-        with torch.no_grad():
-            state = crown.propagate(graph, xl, xu, algorithm="vertex", centre=(xl + xu) / 2)
-            # the output's own interval, intersected with its exact Vertex-Softmax interval
-            lo = torch.maximum(lo, crown.ibp_lower(state, C))
-            # c·softmax(s) exactly over the score box, row by row (a sum of row minima is a
-            # lower bound of the minimum of the sum); both the raw and the shifted scores are
-            # tried: the raw box is the exact one when the scores are (affine in) the input
-            # box, the shifted one is often tighter deeper in a network
-            shape = graph.nodes[att.probs].shape
-            c = C.reshape(C.shape[0], C.shape[1], -1, shape[-1])
-            for key in ("scores", "shifted"):
-                sl, su = state.bounds[getattr(att, key)]
-                if not (torch.isfinite(sl).all() and torch.isfinite(su).all()):
-                    continue  # an overflowed score bound: the other bounds stand
-                sl = sl.reshape(sl.shape[0], 1, -1, shape[-1]).expand_as(c)
-                su = su.reshape(su.shape[0], 1, -1, shape[-1]).expand_as(c)
-                lo = torch.maximum(lo, vertex_softmax(c, sl, su).lower.sum(-1))
+    if method != "vertex" or att is None:
+        return linear_bounds(graph, xl, xu, C, method)
+    # one vertex propagation: its bound already keeps the output's own interval, intersected
+    # with its exact Vertex-Softmax interval, where tighter
+    lo, state = vertex_bounds(graph, xl, xu, C)
+    with torch.no_grad():
+        # c·softmax(s) exactly over the score box, row by row (a sum of row minima is a
+        # lower bound of the minimum of the sum); both the raw and the shifted scores are
+        # tried: the raw box is the exact one when the scores are (affine in) the input
+        # box, the shifted one is often tighter deeper in a network
+        shape = graph.nodes[att.probs].shape
+        c = C.reshape(C.shape[0], C.shape[1], -1, shape[-1])
+        for key in ("scores", "shifted"):
+            sl, su = state.bounds[getattr(att, key)]
+            if not (torch.isfinite(sl).all() and torch.isfinite(su).all()):
+                continue  # an overflowed score bound: the other bounds stand
+            sl = sl.reshape(sl.shape[0], 1, -1, shape[-1]).expand_as(c)
+            su = su.reshape(su.shape[0], 1, -1, shape[-1]).expand_as(c)
+            lo = torch.maximum(lo, vertex_softmax(c, sl, su).lower.sum(-1))
     return lo.detach()
 
 

@@ -168,6 +168,31 @@ def test_softmax_output_property_is_decided_exactly_by_vertex(seed):
     assert exact - 1e-9 * max(1.0, abs(exact)) <= lv + 1e-9 and lv <= exact
 
 
+def test_vertex_bounds_a_softmax_output_from_one_propagation(monkeypatch):
+    """lower_bounds(..., "vertex") on a softmax output propagates once, and its bound is at least
+    linear_bounds' "vertex" bound (vertex_bounds gives the same bound and the state it reuses)."""
+    from softcert.certify import crown, linear_bounds
+    from softcert.certify.api import vertex_bounds
+
+    rng = np.random.default_rng(4)
+    n = 5
+    lo = rng.uniform(-2, 1, n)
+    hi = lo + rng.uniform(0.1, 2, n)
+    net = read_onnx(softmax_model(n))
+    C = torch.tensor(rng.standard_normal((1, 2, 1, n)))
+    box = (torch.tensor(lo).reshape(1, 1, n), torch.tensor(hi).reshape(1, 1, n))
+    plain = linear_bounds(net.graph, *box, C, "vertex")
+    same, state = vertex_bounds(net.graph, *box, C)
+    assert torch.equal(same, plain) and set(state.bounds) >= {net.graph.output}
+    calls = []
+    real = crown.propagate
+    monkeypatch.setattr(crown, "propagate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    lv = lower_bounds(net.graph, *box, C, "vertex")
+    assert len(calls) == 1 and bool((lv >= plain).all())
+    exact = [float(brute_force_extrema(C[0, s, 0].numpy(), lo, hi)[0]) for s in range(2)]
+    assert all(float(lv[0, s]) <= exact[s] + 1e-12 for s in range(2))
+
+
 def test_auto_method_is_vertex_where_there_is_a_softmax(mlp):
     """The default "auto" proves what vertex proves on a softmax output (crown leaves the same
     property open), and is crown on a network without a softmax."""
