@@ -2,7 +2,8 @@
 
     python -P tests/training_probe.py step --model mnist-vit4-ln --batch 128
         seconds, peak resident memory, loss and gradient norm of three CROWN-IBP steps
-        (certify.margin_bounds, eps 0.005, beta 0.5) on the first test images of a zoo model;
+        (certify.margin_bounds, eps 0.005, beta 0.5) on the first test images of a zoo model
+        (--bound ibp, --eps, --dtype float64, --steps: other steps);
     python -P tests/training_probe.py from-scratch --init ibp
         a fresh 4-block centred-LayerNorm ViT (mnist-vit4-nv's architecture) trained by IBP from
         the first step (no natural warm-up), eps 0.02 over a 40-epoch ramp (fewer: all epochs), Adam 1e-3, with
@@ -34,11 +35,12 @@ from softcert.certify.models import ViT
 
 def step(args):
     model, x, y = zoo.load(args.model)
-    model.train()
-    xb, yb = x[:args.batch].float(), y[:args.batch]
-    for k in range(3):
+    dtype = getattr(torch, args.dtype)
+    model = model.to(dtype).train()
+    xb, yb = x[:args.batch].to(dtype), y[:args.batch]
+    for k in range(args.steps):
         start = time.perf_counter()
-        loss = F.cross_entropy(-certify.margin_bounds(model, xb, yb, 0.005, "crown-ibp", beta=0.5), yb)
+        loss = F.cross_entropy(-certify.margin_bounds(model, xb, yb, args.eps, args.bound, beta=0.5), yb)
         loss.backward()
         grad = sum(float(p.grad.norm()) for p in model.parameters() if p.grad is not None)
         model.zero_grad()
@@ -132,6 +134,10 @@ def main():
     s = sub.add_parser("step")
     s.add_argument("--model", default="mnist-vit4-ln")
     s.add_argument("--batch", type=int, default=128)
+    s.add_argument("--bound", choices=("crown-ibp", "ibp"), default="crown-ibp")
+    s.add_argument("--eps", type=float, default=0.005)
+    s.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    s.add_argument("--steps", type=int, default=3)
     f = sub.add_parser("from-scratch")
     f.add_argument("--init", choices=("default", "ibp"), default="ibp")
     f.add_argument("--epochs", type=int, default=60)
