@@ -112,6 +112,12 @@ CERTIFIED = {
                                                   kappa_end=0.5, lr=1e-3, lr_milestones=(105,), grad_clip=10.0,
                                                   bound="ibp"),
                             dict(start_from="mnist-vit4-ln-ct130", dtype="float32")),
+    # four blocks with LayerNorm grown from the 2-block mnist-vit2-ln-ct240 (certify.models.grown),
+    # then 60 epochs at eps 0.02 in float32 (docs/certify/training.md)
+    "mnist-vit4-ln-ct-grown": ("mnist-vit4-ln", dict(eps=0.02, epochs=60, warmup_epochs=0, ramp_epochs=0, kappa_start=0.5,
+                                                     kappa_end=0.5, lr=1e-3, lr_milestones=(52,), grad_clip=10.0,
+                                                     bound="ibp"),
+                               dict(start_from="mnist-vit2-ln-ct240", dtype="float32")),
     # eight blocks with LayerNorm, grown from mnist-vit4-ln-ct250 (certify.models.grown: its blocks
     # copied with zero output layers, so training starts at its function and bounds) and trained
     # at eps 0.02 directly, in float32: from scratch the geometric ramp collapsed to a constant
