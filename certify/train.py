@@ -54,6 +54,20 @@ RECIPES = {
 }
 
 
+def _at_eps(epochs, milestone):
+    """IBP at eps 0.02 from the first step (a trained model continued, or grown deeper): the
+    natural and robust losses weighted equally, Adam 1e-3 with one 10x decay at ``milestone``,
+    gradients clipped to norm 10 (docs/certify/training.md, mnist-vit4-ln-ct130)."""
+    return dict(eps=0.02, epochs=epochs, warmup_epochs=0, ramp_epochs=0, kappa_start=0.5, kappa_end=0.5, lr=1e-3,
+                lr_milestones=(milestone,), grad_clip=10.0, bound="ibp")
+
+
+def _from_scratch(epochs, milestone):
+    """``_at_eps`` from a fresh model: eps from 2e-12 to 0.02 geometrically over the first 40
+    epochs (docs/certify/training.md, mnist-vit4-ct and mnist-vit4-ln-ct)."""
+    return dict(_at_eps(epochs, milestone), ramp_epochs=40, ramp="geometric", ramp_start=1e-10)
+
+
 #: certifiably trained zoo models (certify.training, issue 34): name -> (the recipe whose
 #: architecture and dataset they use, the ``CertifiedTraining`` fields that differ from its
 #: defaults[, how the model to train is made: ViTConfig fields such as branch_init, "dtype", and
@@ -76,62 +90,43 @@ CERTIFIED = {
     # (natural training multiplies the bounds' growth), eps from 2e-12 to 0.02 geometrically
     # over 40 epochs with the two losses weighted equally, then 100 epochs at 0.02 (67.5 min of
     # one thread; the training errors fell until epoch ~125). docs/certify/training.md
-    "mnist-vit4-ct": ("mnist-vit4", dict(eps=0.02, epochs=140, warmup_epochs=0, ramp_epochs=40, ramp="geometric",
-                                         ramp_start=1e-10, kappa_start=0.5, kappa_end=0.5, lr=1e-3,
-                                         lr_milestones=(120,), grad_clip=10.0, bound="ibp")),
+    "mnist-vit4-ct": ("mnist-vit4", _from_scratch(140, 120)),
     # four blocks with LayerNorm (mnist-vit4-ln's architecture): with PyTorch's initialisation
     # every IBP bound is saturated at every radius; with zero residual branches (ViTConfig
     # branch_init) a fresh model's bound is the natural margin up to eps 1e-6 (at 8 blocks too),
     # and the geometric ramp from 2e-12 then trains it in float64 (52.6 min; docs/certify/training.md)
-    "mnist-vit4-ln-ct": ("mnist-vit4-ln", dict(eps=0.02, epochs=80, warmup_epochs=0, ramp_epochs=40, ramp="geometric",
-                                               ramp_start=1e-10, kappa_start=0.5, kappa_end=0.5, lr=1e-3,
-                                               lr_milestones=(70,), grad_clip=10.0, bound="ibp"),
+    "mnist-vit4-ln-ct": ("mnist-vit4-ln", _from_scratch(80, 70),
                          dict(branch_init="zero", dtype="float64")),
     # two blocks with LayerNorm (mnist-vit2-ln's architecture: d 64, 4 heads, MLP 128), trained
     # as mnist-vit4-ln-ct with 80 epochs at eps 0.02 after the ramp (docs/certify/training.md)
-    "mnist-vit2-ln-ct": ("mnist-vit2-ln", dict(eps=0.02, epochs=120, warmup_epochs=0, ramp_epochs=40, ramp="geometric",
-                                               ramp_start=1e-10, kappa_start=0.5, kappa_end=0.5, lr=1e-3,
-                                               lr_milestones=(110,), grad_clip=10.0, bound="ibp"),
+    "mnist-vit2-ln-ct": ("mnist-vit2-ln", _from_scratch(120, 110),
                          dict(branch_init="zero", dtype="float64")),
     # mnist-vit2-ln-ct trained 120 more epochs at eps 0.02 in float32 (240 in all), as
     # mnist-vit4-ln-ct250 continues mnist-vit4-ln-ct130 (docs/certify/training.md)
-    "mnist-vit2-ln-ct240": ("mnist-vit2-ln", dict(eps=0.02, epochs=120, warmup_epochs=0, ramp_epochs=0, kappa_start=0.5,
-                                                  kappa_end=0.5, lr=1e-3, lr_milestones=(105,), grad_clip=10.0,
-                                                  bound="ibp"),
+    "mnist-vit2-ln-ct240": ("mnist-vit2-ln", _at_eps(120, 105),
                             dict(start_from="mnist-vit2-ln-ct", dtype="float32")),
     # mnist-vit4-ln-ct trained 50 more epochs at eps 0.02 (130 in all; 45.3 min): training errors
     # 0.203 / 0.387 -> 0.173 / 0.302, clean 0.774 -> 0.806 (docs/certify/training.md)
-    "mnist-vit4-ln-ct130": ("mnist-vit4-ln", dict(eps=0.02, epochs=50, warmup_epochs=0, ramp_epochs=0, kappa_start=0.5,
-                                                  kappa_end=0.5, lr=1e-3, lr_milestones=(40,), grad_clip=10.0,
-                                                  bound="ibp"),
+    "mnist-vit4-ln-ct130": ("mnist-vit4-ln", _at_eps(50, 40),
                             dict(start_from="mnist-vit4-ln-ct", dtype="float64")),
     # mnist-vit4-ln-ct130 trained 120 more epochs at eps 0.02 in float32 (250 in all; 39.4 min; a
     # trained model's IBP loss in float32 is its float64 one to 5 digits, at 0.6x the time):
     # training errors 0.173 / 0.302 -> 0.157 / 0.259 (docs/certify/training.md)
-    "mnist-vit4-ln-ct250": ("mnist-vit4-ln", dict(eps=0.02, epochs=120, warmup_epochs=0, ramp_epochs=0, kappa_start=0.5,
-                                                  kappa_end=0.5, lr=1e-3, lr_milestones=(105,), grad_clip=10.0,
-                                                  bound="ibp"),
+    "mnist-vit4-ln-ct250": ("mnist-vit4-ln", _at_eps(120, 105),
                             dict(start_from="mnist-vit4-ln-ct130", dtype="float32")),
     # four blocks with LayerNorm grown from the 2-block mnist-vit2-ln-ct240 (certify.models.grown),
     # then 60 epochs at eps 0.02 in float32 (docs/certify/training.md)
-    "mnist-vit4-ln-ct-grown": ("mnist-vit4-ln", dict(eps=0.02, epochs=60, warmup_epochs=0, ramp_epochs=0, kappa_start=0.5,
-                                                     kappa_end=0.5, lr=1e-3, lr_milestones=(52,), grad_clip=10.0,
-                                                     bound="ibp"),
+    "mnist-vit4-ln-ct-grown": ("mnist-vit4-ln", _at_eps(60, 52),
                                dict(start_from="mnist-vit2-ln-ct240", dtype="float32")),
     # eight blocks with LayerNorm, grown from mnist-vit4-ln-ct250 (certify.models.grown: its blocks
     # copied with zero output layers, so training starts at its function and bounds) and trained
     # at eps 0.02 directly, in float32: from scratch the geometric ramp collapsed to a constant
     # predictor on its last decades at 8 blocks (docs/certify/training.md)
-    "mnist-vit8-ln-ct250": ("mnist-vit8-ln", dict(eps=0.02, epochs=50, warmup_epochs=0, ramp_epochs=0, kappa_start=0.5,
-                                                  kappa_end=0.5, lr=1e-3, lr_milestones=(44,), grad_clip=10.0,
-                                                  bound="ibp"),
+    "mnist-vit8-ln-ct250": ("mnist-vit8-ln", _at_eps(50, 44),
                             dict(start_from="mnist-vit4-ln-ct250", dtype="float32")),
-    # eight blocks with LayerNorm, grown from mnist-vit4-ln-ct (certify.models.grown: its blocks
-    # copied with zero output layers, so training starts at its function and bounds) and trained
-    # at eps 0.02 directly: from scratch the geometric ramp collapsed to a constant predictor on
-    # its last decades at 8 blocks (docs/certify/training.md)
-    "mnist-vit8-ln-ct": ("mnist-vit8-ln", dict(eps=0.02, epochs=24, warmup_epochs=0, ramp_epochs=0, kappa_start=0.5,
-                                               kappa_end=0.5, lr=1e-3, lr_milestones=(20,), grad_clip=10.0, bound="ibp"),
+    # the first 8-block model: grown from mnist-vit4-ln-ct as mnist-vit8-ln-ct250 is from
+    # mnist-vit4-ln-ct250, and trained 24 epochs in float64
+    "mnist-vit8-ln-ct": ("mnist-vit8-ln", _at_eps(24, 20),
                          dict(start_from="mnist-vit4-ln-ct", dtype="float64")),
 }
 
