@@ -128,6 +128,18 @@ def test_fresh_run_replaces_and_resume_keeps(tmp_path):
     assert load(missing).header is not None
 
 
+def test_fresh_run_over_this_runs_results_says_it_discards_them(tmp_path, capsys):
+    path = _filled(tmp_path / "s.jsonl")
+    capsys.readouterr()
+    with Store(path, KEY):
+        pass
+    err = capsys.readouterr().err
+    assert "discarding the 3 result(s)" in err and "--resume" in err and str(path) in err
+    with Store(path, KEY):  # nothing stored: nothing said
+        pass
+    assert capsys.readouterr().err == ""
+
+
 def test_bad_arguments_are_value_errors(tmp_path):
     with pytest.raises(ValueError, match="key"):
         Store(tmp_path / "s.jsonl", ["not", "a", "dict"])

@@ -148,7 +148,8 @@ class Store:
     """An open store of one run: ``Store(path, key, resume=..., validate=...)``, then ``append(record)``.
 
     Refuses (ValueError naming --store) a store locked by another writer, and a store holding
-    results of another key. ``resume=False`` starts the file afresh; ``resume=True`` keeps its
+    results of another key. ``resume=False`` starts the file afresh (saying so on stderr when it held this run's
+    results); ``resume=True`` keeps its
     valid records (``records``), reports the skipped ones on stderr and cuts a crash-truncated
     final line. Use as a context manager, or call ``close`` (which releases the lock).
     """
@@ -190,6 +191,9 @@ class Store:
             _warn(old)
             os.ftruncate(self._fd, old.size)
             return old.records
+        if old.records:  # the same run's results: rerunning without --resume discards them
+            print(f"softcert: --store {self.path}: discarding the {len(old.records)} result(s) of an earlier run "
+                  "of these parameters and starting afresh; pass --resume to keep them", file=sys.stderr)
         os.ftruncate(self._fd, 0)
         self._write({"kind": "run", "format": FORMAT, "run": self.run, "key": self.key,
                      "software": self.software})
