@@ -5,6 +5,12 @@ For each eps: PGD (``certify.attack``) on the correctly classified images, then 
 breaks, or a PGD margin below a certified lower bound, is a soundness bug and raises
 ``SoundnessError``. Misclassified images count as neither robust nor certified (they are
 their own counterexample at eps = 0). Records are per (image, eps, method).
+
+With ``cascade=True`` the methods run in the order given, each only on the images left open:
+correctly classified, not broken by PGD (no method can certify those) and not certified by an
+earlier method, as VNN-COMP verifiers run an attack, then incomplete bounds, then stronger ones.
+A method's certified count is then that of the cascade up to it; an image it did not bound
+carries ``skipped`` (why) and, when certified, the earlier method's margins.
 """
 from __future__ import annotations
 
@@ -44,7 +50,9 @@ class Record:
     ``class_margins``: the certified lower bound of z_y - z_j for every class j (0 at j = y),
     so that methods can be compared per (image, target) pair; ``predicted``: the model's class
     at the clean image; ``peak_mb``: the growth of the process's resident memory during the
-    method's run on the batch (``PeakMemory``; the whole batch's, not divided; None without psutil)."""
+    method's run on the batch (``PeakMemory``; the whole batch's, not divided; None without psutil);
+    ``skipped``: why a cascade did not run the method on this image ("" : it ran; SKIP_BROKEN:
+    PGD broke it, no lower margin; "certified by M": margins and verdict are method M's)."""
 
     index: int
     eps: float
@@ -60,6 +68,10 @@ class Record:
     class_margins: tuple | None = None
     predicted: int | None = None
     peak_mb: float | None = None
+    skipped: str = ""
+
+
+SKIP_BROKEN = "counterexample"  # Record.skipped of an image PGD broke: no method can certify it
 
 
 class PeakMemory:
@@ -136,15 +148,61 @@ class Evaluation:
         return sum(seen.values()), len(seen)
 
 
-def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=DOMAIN, progress=None) -> Evaluation:
+def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=DOMAIN, progress=None,
+             cascade=False) -> Evaluation:
     """Attack, verify and cross-check ``model`` on images ``x`` with labels ``y`` for every
     eps in ``eps_list`` and every method name in ``methods``. ``attack``: the PGD of
     ``certify.attack`` (a ``certify.options.AttackOptions``, enabled, at least one restart
     and one step); each method runs with ``certify.verify``'s default batch size. ``progress``:
     optional callable progress(done, total, what), called after each attack and each method
-    run."""
+    run. ``cascade``: run each method only on the images still open (module docstring)."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    eps_list, methods = _checked_runs(eps_list, methods, attack, progress, cascade)
+    domain = check_domain(domain)
+    x = check_images(model, x, domain)
+    with torch.no_grad():
+        z = logits(copy.deepcopy(model).eval(), x)
+    y = check_labels(y, x.shape[0], z.shape[1], x.device)
+    pred = z.argmax(1)
+    correct = pred == y
+    idx = torch.nonzero(correct).flatten().tolist()
+    pos = {i: k for k, i in enumerate(idx)}  # image -> its position among the correct ones
+    xc, yc = x[correct], y[correct]
+    total, done = len(eps_list) * (1 + len(methods)), 0
+    records = []
+    for eps in eps_list:
+        att = run_attack(model, xc, yc, eps, options=attack, domain=domain) if idx else None
+        done += 1
+        if progress is not None:
+            progress(done, total, f"eps={eps} PGD")
+        # per correctly classified image: why it is closed to the next method ("" while open)
+        closed = [SKIP_BROKEN if cascade and att.status[k] == "sat" else "" for k in range(len(idx))]
+        earlier = {}  # position -> the Record of the method that certified it (cascade only)
+        for meth in methods:
+            run = [k for k in range(len(idx)) if not closed[k]]
+            res, peak = None, None
+            if run:
+                with PeakMemory() as mem:
+                    res = verify(model, xc[run], yc[run], eps, method=meth, domain=domain)
+                peak = mem.mb
+                _check_sound(att, run, res, meth, eps)
+            ran = dict(zip(run, range(len(run))))
+            per = res.seconds / len(run) if run else 0.0
+            for i in range(x.shape[0]):
+                records.append(_record(i, eps, meth, y, pred, pos, att, res, ran, per, peak, closed, earlier))
+            if cascade:
+                for k, j in ran.items():
+                    if res.certified[j]:
+                        closed[k], earlier[k] = f"certified by {meth}", records[-x.shape[0] + idx[k]]
+            done += 1
+            if progress is not None:
+                progress(done, total, f"eps={eps} {meth}")
+    return Evaluation(tuple(records), x.shape[0], eps_list, methods, attack.steps, attack.restarts, domain)
+
+
+def _checked_runs(eps_list, methods, attack, progress, cascade):
+    """(radii, method names) of ``evaluate``, each argument checked by name."""
     eps_list = tuple(check_eps(e) for e in eps_list)
     methods = tuple(methods)
     for m in methods:
@@ -160,54 +218,39 @@ def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=D
         raise ValueError(f"attack: expected enabled, steps >= 1 and restarts >= 1, got {attack}")
     if progress is not None and not callable(progress):
         raise ValueError(f"progress: expected a callable or None, got {type(progress).__name__}")
-    domain = check_domain(domain)
-    x = check_images(model, x, domain)
-    with torch.no_grad():
-        z = logits(copy.deepcopy(model).eval(), x)
-    y = check_labels(y, x.shape[0], z.shape[1], x.device)
-    pred = z.argmax(1)
-    correct = pred == y
-    idx = torch.nonzero(correct).flatten().tolist()
-    xc, yc = x[correct], y[correct]
-    total, done = len(eps_list) * (1 + len(methods)), 0
-    records = []
-    for eps in eps_list:
-        att = run_attack(model, xc, yc, eps, options=attack, domain=domain) if idx else None
-        done += 1
-        if progress is not None:
-            progress(done, total, f"eps={eps} PGD")
-        for meth in methods:
-            res, peak = None, None
-            if idx:
-                with PeakMemory() as mem:
-                    res = verify(model, xc, yc, eps, method=meth, domain=domain)
-                peak = mem.mb
-            if res is not None:
-                _check_sound(att, res, meth, eps)
-            per = res.seconds / len(idx) if idx else 0.0
-            at = dict(zip(idx, range(len(idx))))
-            for i in range(x.shape[0]):
-                k = at.get(i)
-                if k is None:
-                    records.append(Record(i, eps, meth, int(y[i]), False, False, False, None, None, 0.0,
-                                          predicted=int(pred[i])))
-                    continue
-                records.append(Record(i, eps, meth, int(y[i]), True, att.status[k] != "sat",
-                                      bool(res.certified[k]), float(res.worst_margin[k]),
-                                      float(att.min_margin[k]), per, res.note,
-                                      tuple(res.lower_margin[k].tolist()), int(pred[i]), peak))
-            done += 1
-            if progress is not None:
-                progress(done, total, f"eps={eps} {meth}")
-    return Evaluation(tuple(records), x.shape[0], eps_list, methods, attack.steps, attack.restarts, domain)
+    if not isinstance(cascade, bool):
+        raise ValueError(f"cascade: expected True or False, got {cascade!r}")
+    return eps_list, methods
 
 
-def _check_sound(att, res, meth, eps):
-    broken = res.certified & (att.min_margin < 0)
+def _record(i, eps, meth, y, pred, pos, att, res, ran, per, peak, closed, earlier):
+    """The Record of image ``i`` under method ``meth``: misclassified, bounded by it (position
+    in ``ran``), or skipped by the cascade (``closed``), with the certifying method's margins."""
+    label, predicted = int(y[i]), int(pred[i])
+    k = pos.get(i)
+    if k is None:
+        return Record(i, eps, meth, label, False, False, False, None, None, 0.0, predicted=predicted)
+    robust, pgd = att.status[k] != "sat", float(att.min_margin[k])
+    if k in ran:
+        j = ran[k]
+        return Record(i, eps, meth, label, True, robust, bool(res.certified[j]), float(res.worst_margin[j]), pgd,
+                      per, res.note, tuple(res.lower_margin[j].tolist()), predicted, peak)
+    if k in earlier:
+        e = earlier[k]
+        return Record(i, eps, meth, label, True, robust, True, e.lower_margin, pgd, 0.0, "", e.class_margins,
+                      predicted, None, closed[k])
+    return Record(i, eps, meth, label, True, robust, False, None, pgd, 0.0, "", None, predicted, None, closed[k])
+
+
+def _check_sound(att, run, res, meth, eps):
+    """No image certified by ``res`` (the method's run on positions ``run`` of the attacked
+    images) may have a PGD counterexample or a PGD margin below its lower bound."""
+    pgd = att.min_margin[run]
+    broken = res.certified & (pgd < 0)
     if broken.any():
-        raise SoundnessError(f"soundness violation: {meth} certified images {broken.nonzero().flatten().tolist()} "
-                             f"at eps={eps} that PGD falsified")
-    below = att.min_margin < res.worst_margin - TOLERANCE
+        where = [run[j] for j in broken.nonzero().flatten().tolist()]
+        raise SoundnessError(f"soundness violation: {meth} certified images {where} at eps={eps} that PGD falsified")
+    below = pgd < res.worst_margin - TOLERANCE
     if below.any():
-        gap = float((res.worst_margin - att.min_margin)[below].max())
+        gap = float((res.worst_margin - pgd)[below].max())
         raise SoundnessError(f"soundness violation: a PGD margin lies {gap:.3g} below the {meth} bound at eps={eps}")

@@ -77,10 +77,40 @@ def test_a_certificate_broken_by_the_attack_raises(monkeypatch):
         certify.evaluate(M, X[:3], Y[:3], [0.3], ["crown"], attack=AttackOptions(steps=5, restarts=1))
 
 
+def test_cascade_certifies_the_union_and_bounds_only_the_open_images(monkeypatch):
+    # eps 0: IBP certifies every correct image, so CROWN is skipped; 0.002: IBP none, CROWN all;
+    # 1.0 (the whole domain): PGD breaks images 1 and 2, which no method may be asked to bound
+    radii, attack = [0.0, 0.002, 1.0], AttackOptions(steps=5, restarts=1)
+    full = certify.evaluate(M, X, Y, radii, ["ibp", "crown"], attack=attack)
+    bounded = []
+
+    def counting(model, x, label, eps, method="crown", **kw):
+        bounded.append((eps, method, x.shape[0]))
+        return certify.verify(model, x, label, eps, method=method, **kw)
+
+    monkeypatch.setattr(evaluate_module, "verify", counting)
+    casc = certify.evaluate(M, X, Y, radii, ["ibp", "crown"], attack=attack, cascade=True)
+    assert bounded == [(0.0, "ibp", 3), (0.002, "ibp", 3), (0.002, "crown", 3), (1.0, "ibp", 1), (1.0, "crown", 1)]
+    by = {(r.index, r.eps, r.method): r for r in casc.records}
+    for r in full.records:
+        c = by[r.index, r.eps, r.method]
+        either = r.certified or by[r.index, r.eps, "ibp"].certified if r.method == "crown" else r.certified
+        assert c.correct == r.correct and c.robust == r.robust and c.certified == either
+        if c.skipped == certify.SKIP_BROKEN:
+            assert not c.robust and c.lower_margin is None and c.class_margins is None
+        elif c.skipped:
+            ibp = by[r.index, r.eps, "ibp"]
+            assert c.skipped == "certified by ibp" and c.lower_margin == ibp.lower_margin > 0
+        elif c.correct:
+            assert c.lower_margin == pytest.approx(r.lower_margin, rel=1e-9, abs=1e-12)
+    kinds = {r.skipped for r in casc.records}
+    assert kinds == {"", "certified by ibp", certify.SKIP_BROKEN}
+
+
 @pytest.mark.parametrize("bad", [dict(eps_list=[]), dict(methods=["nope"]), dict(attack=AttackOptions(steps=0)),
                                  dict(attack=AttackOptions(restarts=0)), dict(attack=AttackOptions(enabled=False)),
                                  dict(attack=(40, 2)),
-                                 dict(progress="bar"), dict(eps_list=[-1.0])])
+                                 dict(progress="bar"), dict(eps_list=[-1.0]), dict(cascade="yes")])
 def test_evaluate_validates(bad):
     kw = dict(eps_list=[0.01], methods=["ibp"], attack=AttackOptions(steps=2)) | bad
     with pytest.raises(ValueError, match=next(iter(bad)).replace("_list", "")):

@@ -231,6 +231,31 @@ def test_bad_options_are_errors_naming_them(tmp_path, capsys, monkeypatch):
     assert "--methods" in capsys.readouterr().err
 
 
+def test_cascade_run_counts_the_union_and_resumes_its_whole_chain(reference, tmp_path):
+    out = tmp_path / "cascade"  # eps 0.01 as the reference, and 0.1, where PGD breaks images
+    args = ["certify", "--model", "digits-vit1", "--eps", "0.01", "0.1", "--methods", "ibp", "crown", "--n", str(N)]
+    assert softcert.cli.main(args + ["--out", str(out), "--cascade"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"][:2]
+    ref = json.loads((reference / "results.json").read_text())["rows"]
+    recs = [r for r in load(reference / "store.jsonl").records]
+    union = {r["index"] for r in recs if r["certified"]}
+    assert [r["certified_acc"] for r in rows] == [ref[0]["certified_acc"], len(union) / N]
+    assert all(r["cascade"] for r in rows) and "(cascade: bounded" in (out / "results.md").read_text()
+    stored = load(out / "store.jsonl")
+    assert stored.header["key"]["cascade"] is True and "cascade" not in load(reference / "store.jsonl").header["key"]
+    assert all(dataset.validate_result(r) is None for r in stored.records)
+    broken = [r for r in stored.records if r["pgd"] == "counterexample"]
+    assert broken and all(r["skipped"] == "counterexample" and r["lower_margin"] is None for r in broken)
+    lines = (out / "store.jsonl").read_bytes().splitlines(keepends=True)
+    (out / "store.jsonl").write_bytes(b"".join(lines[:-1]))  # the last image lost its crown record
+    job = dataset.Job(("digits-vit1",), (0.01, 0.1), ("ibp", "crown"), N, cascade=True)
+    res = dataset.run(job, out / "store.jsonl", resume=True, progress=False)
+    assert res.ran == 1 and [(r["eps"], r["method"]) for r in load(out / "store.jsonl").records[-2:]] == [
+        (0.1, "ibp"), (0.1, "crown")]
+    ev = res.evaluations["digits-vit1"]
+    assert ev.certified_accuracy(0.01, "crown") == (len(union), N)
+
+
 # ----------------------------------------------------------------------------- store records validated
 ONE = dataset.Job(("digits-vit1",), (0.01,), ("ibp",), 1)
 
@@ -263,7 +288,8 @@ def test_a_run_with_other_settings_is_refused_by_the_store_of_another(tmp_path):
 def _valid_record():
     return {"kind": "result", "model": "digits-vit1", "index": 3, "eps": 0.01, "method": "crown", "label": 4,
             "correct": True, "robust": True, "certified": True, "lower_margin": 0.5, "pgd_margin": 2.0,
-            "seconds": 0.1, "note": "", "class_margins": [0.5, 0.0, 1.0], "predicted": 4, "peak_mb": None}
+            "seconds": 0.1, "note": "", "class_margins": [0.5, 0.0, 1.0], "predicted": 4, "peak_mb": None,
+            "skipped": ""}
 
 
 _junk = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(), st.text(max_size=3),

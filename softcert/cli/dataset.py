@@ -93,6 +93,8 @@ class Job:
     #: where each image is bounded (``--device``; None: the CPU). Not part of the store's key:
     #: a record is sound wherever it was computed
     device: str | None = None
+    #: run each method only on the images earlier ones left open (``certify.evaluate``'s cascade)
+    cascade: bool = False
 
     def __post_init__(self):
         if not self.models or not all(isinstance(m, str) for m in self.models):
@@ -114,13 +116,17 @@ class Job:
                 raise ValueError(f"--eps: {exc}") from None
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"--n: must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.cascade, bool):
+            raise ValueError(f"--cascade: expected True or False, got {self.cascade!r}")
 
     def key(self) -> dict:
         """The run key of the store: every parameter that decides a record (files by content too)."""
         return {"command": "certify.evaluate per image", "models": list(self.models),
                 "model_sha256": [_digest(m) for m in self.models], "data": self.data,
                 "data_sha256": _digest(self.data), "n": self.n, "eps": [float(e) for e in self.eps],
-                "methods": list(self.methods), "attack_steps": self.attack_steps, "restarts": self.restarts}
+                "methods": list(self.methods), "attack_steps": self.attack_steps, "restarts": self.restarts,
+                # only when set, so that the stores of runs before the option keep their key
+                **({"cascade": True} if self.cascade else {})}
 
 
 def _seed(spec: str, index: int) -> int:
@@ -165,6 +171,8 @@ _FIELDS = {
     "predicted": (lambda v: v is None or _nat(v), "an integer >= 0 or null"),
     "peak_mb": (lambda v: v is None or _num(v), "a number or null"),
 }
+#: fields of certify.Record that stores written before them lack: (test, what, the default)
+_OPTIONAL = {"skipped": (lambda v: isinstance(v, str), "a string", "")}
 
 
 def validate_result(d: dict) -> str | None:
@@ -181,11 +189,17 @@ def validate_result(d: dict) -> str | None:
             return f"field {name!r} is missing"
         if not ok(d[name]):
             return f"field {name!r} = {d[name]!r} is not {what}"
+    for name, (ok, what, _) in _OPTIONAL.items():
+        if name in d and not ok(d[name]):
+            return f"field {name!r} = {d[name]!r} is not {what}"
+    skipped = d.get("skipped", "")
     if not d["correct"] and (d["robust"] or d["certified"] or d["lower_margin"] is not None
                              or d["pgd_margin"] is not None):
         return "a misclassified image with a verdict, a margin or a PGD outcome"
-    if d["correct"] and (d["lower_margin"] is None or d["pgd_margin"] is None):
-        return "a correctly classified image without its lower or PGD margin"
+    if d["correct"] and d["pgd_margin"] is None:
+        return "a correctly classified image without its PGD margin"
+    if d["correct"] and d["lower_margin"] is None and not (skipped == certify.SKIP_BROKEN and not d["robust"]):
+        return "a correctly classified image without its lower margin (only a cascade skips one PGD broke)"
     if d["certified"] and not (d["robust"] and d["lower_margin"] > 0):
         return "certified without PGD robustness and a positive lower margin"
     return None
@@ -216,7 +230,8 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(_seed(spec, index))
             ev = certify.evaluate(model, x, y, [eps], list(methods),
-                                  attack=AttackOptions(steps=job.attack_steps, restarts=job.restarts))
+                                  attack=AttackOptions(steps=job.attack_steps, restarts=job.restarts),
+                                  cascade=job.cascade)
         out += [record_to_json(spec, dataclasses.replace(r, index=index)) for r in ev.records]
     # where and how long the whole task ran (PGD included): the scaling model's t_task
     where = {"worker": f"{socket.gethostname()}:{os.getpid()}", "task_seconds": time.perf_counter() - start}
@@ -296,8 +311,8 @@ def _todo(job, done, spec, index):
     todo = []
     for eps in job.eps:
         missing = tuple(m for m in job.methods if (spec, index, float(eps), m) not in done)
-        if missing:
-            todo.append((eps, missing))
+        if missing:  # a cascade's later methods depend on the earlier ones: the whole chain again
+            todo.append((eps, tuple(job.methods) if job.cascade else missing))
     return tuple(todo)
 
 
