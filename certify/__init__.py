@@ -18,6 +18,7 @@ from softcert.certify.api import (
 from softcert.certify.attack import AttackResult, attack
 from softcert.certify.evaluation import (
     SKIP_BROKEN,
+    Cascade,
     Evaluation,
     Record,
     SoundnessError,
@@ -60,7 +61,7 @@ def __getattr__(name):
 
 __all__ = ["METHODS", "OPERATORS", "SOFTMAX_FORMS", "AttackResult", "AttackOptions", "AttentionBox", "AttentionScores", "AttentionSite", "BabOptions", "BoundOptions",
            "CertResult", "Problem", "PropagationOptions", "SampleVerdict", "Evaluation", "Graph", "GraphModule",
-           "Method", "Operator", "Record", "SKIP_BROKEN", "SoundnessError", "ViT", "attack", "attention_boxes", "attention_scores",
+           "Method", "Operator", "Record", "SKIP_BROKEN", "Cascade", "SoundnessError", "ViT", "attack", "attention_boxes", "attention_scores",
            "certified_accuracy", "check_supported", "embed", "evaluate", "forward", "graph_of", "linear_bounds",
            "logits_of", "robust_accuracy", "softmax_form", "supported_operators", "trace", "verify", "verify_box", "verify_text"]
 __all__ += ["CertifiedTraining", "EpochRecord", "IntervalWidths", "NodeWidth", "interval_widths", "margin_bounds",

@@ -6,7 +6,7 @@ breaks, or a PGD margin below a certified lower bound, is a soundness bug and ra
 ``SoundnessError``. Misclassified images count as neither robust nor certified (they are
 their own counterexample at eps = 0). Records are per (image, eps, method).
 
-With ``cascade=True`` the methods run in the order given, each only on the images left open:
+With ``methods=Cascade(names)`` the methods run in the order given, each only on the images left open:
 correctly classified, not broken by PGD (no method can certify those) and not certified by an
 earlier method, as VNN-COMP verifiers run an attack, then incomplete bounds, then stronger ones.
 A method's certified count is then that of the cascade up to it; an image it did not bound
@@ -72,6 +72,19 @@ class Record:
 
 
 SKIP_BROKEN = "counterexample"  # Record.skipped of an image PGD broke: no method can certify it
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """``evaluate``'s methods as a cascade: ``Cascade(("ibp", "crown"))`` runs them in this order,
+    each only on the images still open (module docstring)."""
+
+    methods: tuple
+
+    def __post_init__(self):
+        if isinstance(self.methods, str) or not isinstance(self.methods, (tuple, list)):
+            raise ValueError(f"Cascade.methods: expected a sequence of method names, got {self.methods!r}")
+        object.__setattr__(self, "methods", tuple(self.methods))
 
 
 class PeakMemory:
@@ -148,17 +161,18 @@ class Evaluation:
         return sum(seen.values()), len(seen)
 
 
-def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=DOMAIN, progress=None,
-             cascade=False) -> Evaluation:
+def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=DOMAIN, progress=None) -> Evaluation:
     """Attack, verify and cross-check ``model`` on images ``x`` with labels ``y`` for every
-    eps in ``eps_list`` and every method name in ``methods``. ``attack``: the PGD of
+    eps in ``eps_list`` and every method name in ``methods`` (a sequence, or a ``Cascade``: each
+    method only on the images still open, module docstring). ``attack``: the PGD of
     ``certify.attack`` (a ``certify.options.AttackOptions``, enabled, at least one restart
     and one step); each method runs with ``certify.verify``'s default batch size. ``progress``:
     optional callable progress(done, total, what), called after each attack and each method
-    run. ``cascade``: run each method only on the images still open (module docstring)."""
+    run."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    eps_list, methods = _checked_runs(eps_list, methods, attack, progress, cascade)
+    cascade = isinstance(methods, Cascade)
+    eps_list, methods = _checked_runs(eps_list, methods.methods if cascade else methods, attack, progress)
     domain = check_domain(domain)
     x = check_images(model, x, domain)
     with torch.no_grad():
@@ -187,12 +201,12 @@ def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=D
                     res = verify(model, xc[run], yc[run], eps, method=meth, domain=domain)
                 peak = mem.mb
                 _check_sound(att, run, res, meth, eps)
-            ran = dict(zip(run, range(len(run))))
-            per = res.seconds / len(run) if run else 0.0
+            mr = _MethodRun(eps, meth, res, dict(zip(run, range(len(run)))), res.seconds / len(run) if run else 0.0,
+                            peak)
             for i in range(x.shape[0]):
-                records.append(_record(i, eps, meth, y, pred, pos, att, res, ran, per, peak, closed, earlier))
+                records.append(_record(i, pos.get(i), int(y[i]), int(pred[i]), att, mr, closed, earlier))
             if cascade:
-                for k, j in ran.items():
+                for k, j in mr.ran.items():
                     if res.certified[j]:
                         closed[k], earlier[k] = f"certified by {meth}", records[-x.shape[0] + idx[k]]
             done += 1
@@ -201,7 +215,7 @@ def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=D
     return Evaluation(tuple(records), x.shape[0], eps_list, methods, attack.steps, attack.restarts, domain)
 
 
-def _checked_runs(eps_list, methods, attack, progress, cascade):
+def _checked_runs(eps_list, methods, attack, progress):
     """(radii, method names) of ``evaluate``, each argument checked by name."""
     eps_list = tuple(check_eps(e) for e in eps_list)
     methods = tuple(methods)
@@ -218,23 +232,34 @@ def _checked_runs(eps_list, methods, attack, progress, cascade):
         raise ValueError(f"attack: expected enabled, steps >= 1 and restarts >= 1, got {attack}")
     if progress is not None and not callable(progress):
         raise ValueError(f"progress: expected a callable or None, got {type(progress).__name__}")
-    if not isinstance(cascade, bool):
-        raise ValueError(f"cascade: expected True or False, got {cascade!r}")
     return eps_list, methods
 
 
-def _record(i, eps, meth, y, pred, pos, att, res, ran, per, peak, closed, earlier):
-    """The Record of image ``i`` under method ``meth``: misclassified, bounded by it (position
-    in ``ran``), or skipped by the cascade (``closed``), with the certifying method's margins."""
-    label, predicted = int(y[i]), int(pred[i])
-    k = pos.get(i)
+@dataclass(frozen=True)
+class _MethodRun:
+    """One method's verify call at one radius: ``res`` on the positions ``ran`` (position among
+    the correct images -> row of ``res``), ``per`` seconds per image, ``peak`` MB."""
+
+    eps: float
+    method: str
+    res: object
+    ran: dict
+    per: float
+    peak: float | None
+
+
+def _record(i, k, label, predicted, att, mr, closed, earlier):
+    """The Record of image ``i`` (position ``k`` among the correct images, None if misclassified)
+    under ``mr``: bounded by it, or skipped by the cascade (``closed``), with the certifying
+    method's margins (``earlier``)."""
+    eps, meth = mr.eps, mr.method
     if k is None:
         return Record(i, eps, meth, label, False, False, False, None, None, 0.0, predicted=predicted)
     robust, pgd = att.status[k] != "sat", float(att.min_margin[k])
-    if k in ran:
-        j = ran[k]
+    if k in mr.ran:
+        j, res = mr.ran[k], mr.res
         return Record(i, eps, meth, label, True, robust, bool(res.certified[j]), float(res.worst_margin[j]), pgd,
-                      per, res.note, tuple(res.lower_margin[j].tolist()), predicted, peak)
+                      mr.per, res.note, tuple(res.lower_margin[j].tolist()), predicted, mr.peak)
     if k in earlier:
         e = earlier[k]
         return Record(i, eps, meth, label, True, robust, True, e.lower_margin, pgd, 0.0, "", e.class_margins,

@@ -89,7 +89,7 @@ def test_cascade_certifies_the_union_and_bounds_only_the_open_images(monkeypatch
         return certify.verify(model, x, label, eps, method=method, **kw)
 
     monkeypatch.setattr(evaluate_module, "verify", counting)
-    casc = certify.evaluate(M, X, Y, radii, ["ibp", "crown"], attack=attack, cascade=True)
+    casc = certify.evaluate(M, X, Y, radii, certify.Cascade(["ibp", "crown"]), attack=attack)
     assert bounded == [(0.0, "ibp", 3), (0.002, "ibp", 3), (0.002, "crown", 3), (1.0, "ibp", 1), (1.0, "crown", 1)]
     by = {(r.index, r.eps, r.method): r for r in casc.records}
     for r in full.records:
@@ -105,12 +105,15 @@ def test_cascade_certifies_the_union_and_bounds_only_the_open_images(monkeypatch
             assert c.lower_margin == pytest.approx(r.lower_margin, rel=1e-9, abs=1e-12)
     kinds = {r.skipped for r in casc.records}
     assert kinds == {"", "certified by ibp", certify.SKIP_BROKEN}
+    with pytest.raises(ValueError, match="Cascade.methods"):
+        certify.Cascade("ibp")  # a string is not a sequence of names here
 
 
 @pytest.mark.parametrize("bad", [dict(eps_list=[]), dict(methods=["nope"]), dict(attack=AttackOptions(steps=0)),
                                  dict(attack=AttackOptions(restarts=0)), dict(attack=AttackOptions(enabled=False)),
                                  dict(attack=(40, 2)),
-                                 dict(progress="bar"), dict(eps_list=[-1.0]), dict(cascade="yes")])
+                                 dict(progress="bar"), dict(eps_list=[-1.0]),
+                                 dict(methods=certify.Cascade(["ibp", "nope"]))])
 def test_evaluate_validates(bad):
     kw = dict(eps_list=[0.01], methods=["ibp"], attack=AttackOptions(steps=2)) | bad
     with pytest.raises(ValueError, match=next(iter(bad)).replace("_list", "")):

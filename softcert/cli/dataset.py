@@ -93,7 +93,7 @@ class Job:
     #: where each image is bounded (``--device``; None: the CPU). Not part of the store's key:
     #: a record is sound wherever it was computed
     device: str | None = None
-    #: run each method only on the images earlier ones left open (``certify.evaluate``'s cascade)
+    #: run each method only on the images earlier ones left open (``certify.Cascade``)
     cascade: bool = False
 
     def __post_init__(self):
@@ -229,9 +229,8 @@ def certify_sample(job: Job, spec: str, index: int, todo) -> list:
         # anything drawing from the global generator draws per image; the caller's state is kept
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(_seed(spec, index))
-            ev = certify.evaluate(model, x, y, [eps], list(methods),
-                                  attack=AttackOptions(steps=job.attack_steps, restarts=job.restarts),
-                                  cascade=job.cascade)
+            ev = certify.evaluate(model, x, y, [eps], certify.Cascade(methods) if job.cascade else list(methods),
+                                  attack=AttackOptions(steps=job.attack_steps, restarts=job.restarts))
         out += [record_to_json(spec, dataclasses.replace(r, index=index)) for r in ev.records]
     # where and how long the whole task ran (PGD included): the scaling model's t_task
     where = {"worker": f"{socket.gethostname()}:{os.getpid()}", "task_seconds": time.perf_counter() - start}
