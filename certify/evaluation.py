@@ -203,12 +203,12 @@ def evaluate(model, x, y, eps_list, methods, *, attack=AttackOptions(), domain=D
                 _check_sound(att, run, res, meth, eps)
             mr = _MethodRun(eps, meth, res, dict(zip(run, range(len(run)))), res.seconds / len(run) if run else 0.0,
                             peak)
-            for i in range(x.shape[0]):
-                records.append(_record(i, pos.get(i), int(y[i]), int(pred[i]), att, mr, closed, earlier))
+            mine = [_record(i, pos.get(i), int(y[i]), int(pred[i]), att, mr, closed, earlier) for i in range(x.shape[0])]
+            records += mine
             if cascade:
                 for k, j in mr.ran.items():
                     if res.certified[j]:
-                        closed[k], earlier[k] = f"certified by {meth}", records[-x.shape[0] + idx[k]]
+                        closed[k], earlier[k] = f"certified by {meth}", mine[idx[k]]
             done += 1
             if progress is not None:
                 progress(done, total, f"eps={eps} {meth}")

@@ -148,10 +148,9 @@ class Store:
     """An open store of one run: ``Store(path, key, resume=..., validate=...)``, then ``append(record)``.
 
     Refuses (ValueError naming --store) a store locked by another writer, and a store holding
-    results of another key. ``resume=False`` starts the file afresh (saying so on stderr when it held this run's
-    results); ``resume=True`` keeps its
-    valid records (``records``), reports the skipped ones on stderr and cuts a crash-truncated
-    final line. Use as a context manager, or call ``close`` (which releases the lock).
+    results of another key. ``resume=False`` starts the file afresh (saying so on stderr when it
+    held this run's results); ``resume=True`` keeps its valid records (``records``), reports the
+    skipped ones on stderr and cuts a crash-truncated final line. Use as a context manager, or call ``close`` (which releases the lock).
     """
 
     def __init__(self, path, key: dict, *, resume: bool = False, validate=None):

@@ -62,14 +62,14 @@ def run(args) -> int:
     return 0
 
 
-def _row(name, ev, eps, meth, full_acc, cascade_run=False) -> dict:
-    """One table row from the per-image records of ``certify.evaluate`` at (eps, method)."""
+def _row(name, ev, eps, meth, full_acc, cascade=False) -> dict:
+    """One table row from the per-image records of ``certify.evaluate`` at (eps, method)
+    (``cascade``: the run was one, --cascade)."""
     rs = [r for r in ev.records if r.eps == eps and r.method == meth]
     # the images the method bounded: with --cascade, those its predecessors left open
     verified = [r for r in rs if r.correct and not r.skipped]
     margins = [r.lower_margin for r in verified]
     k_clean, n = ev.clean_accuracy()
-    cascade = any(r.skipped for r in rs) or cascade_run
     return dict(
         model=name, eps=eps, method=meth, n=n, clean_acc_full_test=full_acc, clean_acc=k_clean / n,
         pgd_acc=ev.robust_accuracy(eps)[0] / n, certified_acc=ev.certified_accuracy(eps, meth)[0] / n,
