@@ -185,7 +185,7 @@ def test_same_seed_same_weights_other_seed_other_weights():
     ("lr_decay", 0.0), ("lr_decay", 1.5), ("lr_milestones", (5, 3)), ("lr_milestones", (0,)),
     ("lr_milestones", (100,)), ("lr_milestones", 50), ("ramp", "cosine"), ("grad_clip", 0.0),
     ("grad_clip", float("inf")), ("box_fraction", 0.0), ("box_fraction", 1.5), ("attack_steps", 0),
-    ("ramp_start", 0.0), ("ramp_start", 1.0),
+    ("ramp_start", 0.0), ("ramp_start", 1.0), ("shift", -1), ("shift", 1.5),
 ])
 def test_bad_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"CertifiedTraining.{field}"):
@@ -295,6 +295,40 @@ def test_the_small_box_lies_in_the_eps_box_around_an_attacked_point():
     with torch.no_grad():
         assert float((loss(centre) - loss(x)).min()) >= -1e-12 and float((loss(centre) - loss(x)).max()) > 0
     assert _robust_box(model, x, y, eps, CertifiedTraining()) == (x, eps)
+
+
+def test_translated_images_are_the_images_moved_by_at_most_shift_pixels_with_edges_replicated():
+    """shift (random translation): each output image equals, for some dy, dx in [-s, s], the
+    input read at rows clamp(i + dy) and columns clamp(j + dx); brute force over the offsets."""
+    from softcert.certify.training import translated
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.rand(64, 2, 6, 7, generator=gen, dtype=torch.float64)
+    assert translated(x, 0) is x
+    s = 2
+    out = translated(x, s, torch.Generator().manual_seed(1))
+    assert out.shape == x.shape and out.dtype == x.dtype
+    seen = set()
+    for b in range(len(x)):
+        found = [(dy, dx) for dy in range(-s, s + 1) for dx in range(-s, s + 1)
+                 if torch.equal(out[b], x[b][:, (torch.arange(6) + dy).clamp(0, 5)][:, :, (torch.arange(7) + dx).clamp(0, 6)])]
+        assert len(found) == 1, f"image {b}: offsets {found}"
+        seen.add(found[0])
+    assert len(seen) > 12  # the offsets vary over the batch (25 possible)
+
+
+def test_training_with_shift_is_deterministic_and_refuses_flat_inputs():
+    model = _vit()
+    opts = CertifiedTraining(epochs=2, warmup_epochs=0, ramp_epochs=1, bound="ibp", eps=EPS, batch_size=2, shift=1)
+    a, _ = train_certified(copy.deepcopy(model), X, Y, opts)
+    b, _ = train_certified(copy.deepcopy(model), X, Y, opts)
+    c, _ = train_certified(copy.deepcopy(model), X, Y, CertifiedTraining(**{**opts.__dict__, "shift": 0}))
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k])
+    assert any(not torch.equal(v, c.state_dict()[k]) for k, v in a.state_dict().items())
+    flat = nn.Sequential(nn.Linear(4, 3)).double()
+    with pytest.raises(ValueError, match="^options.shift:"):
+        train_certified(flat, torch.rand(4, 4, dtype=torch.float64), Y[:4] % 3, opts)
 
 
 def test_a_ramp_past_the_last_epoch_is_refused():

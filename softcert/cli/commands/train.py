@@ -26,7 +26,7 @@ _CT_FLAGS = {"--eps": "eps", "--epochs": "epochs", "--warmup-epochs": "warmup_ep
              "--beta-end": "beta_end", "--lr": "lr", "--lr-milestones": "lr_milestones",
              "--lr-decay": "lr_decay", "--batch-size": "batch_size", "--ramp": "ramp",
              "--grad-clip": "grad_clip", "--box-fraction": "box_fraction", "--attack-steps": "attack_steps",
-             "--ramp-start": "ramp_start", "--kappa-start": "kappa_start"}
+             "--ramp-start": "ramp_start", "--kappa-start": "kappa_start", "--shift": "shift"}
 _VIT = "softcert.certify.models:ViT"
 
 
@@ -60,7 +60,7 @@ def configure(parser) -> None:
     for flag, kind in (("--epochs", int), ("--warmup-epochs", int), ("--ramp-epochs", int), ("--kappa-end", float),
                        ("--beta-end", float), ("--lr", float), ("--lr-decay", float), ("--batch-size", int),
                        ("--grad-clip", float), ("--attack-steps", int), ("--ramp-start", float),
-                       ("--kappa-start", float)):
+                       ("--kappa-start", float), ("--shift", int)):
         field = _CT_FLAGS[flag]
         ct.add_argument(flag, type=kind, default=None, help=f"default {getattr(d, field)}")
     ct.add_argument("--lr-milestones", type=int, nargs="*", default=None, metavar="EPOCH",
