@@ -365,6 +365,7 @@ def test_cli_trains_certifiably_and_writes_a_loadable_checkpoint(tmp_path, capsy
     assert softcert.cli.main(argv) == 0
     log = json.loads((tmp_path / "digits-vit1-ct.json").read_text())
     assert log["training"]["eps"] == 0.02 and log["training"]["n"] == 64 and len(log["history"]) == 2
+    assert log["training"]["threads"] == 1  # --threads' default, recorded: another count sums in another order
     assert log["history"][0]["robust_loss"] is None and log["history"][1]["robust_loss"] > 0
     ckpt = torch.load(tmp_path / "digits-vit1-ct.pt", weights_only=True)
     assert set(ckpt) >= {"recipe", "config", "state_dict", "training"} and ckpt["dataset"] == "digits"
@@ -394,6 +395,7 @@ def test_cli_refuses_a_certified_training_flag_without_certified(capsys):
     (["--model", "digits-vit1", "--eps", "-1"], "--eps"), (["--model", "digits-vit1", "--lr", "0"], "--lr"),
     (["--model", "digits-vit1", "--n", "0"], "--n"), ([], "--model"),
     (["--model", "tests/no_such.py:build"], "--model"), (["--model", "digits-vit1", "--data", "digits"], "--data"),
+    (["--model", "digits-vit1", "--threads", "0"], "--threads"),
 ])
 def test_cli_errors_name_the_argument(tmp_path, capsys, extra, flag):
     assert softcert.cli.main(["train", "--certified", *extra, "--out", str(tmp_path)]) == 2

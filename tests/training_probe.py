@@ -3,7 +3,7 @@
     python -P tests/training_probe.py step --model mnist-vit4-ln --batch 128
         seconds, peak resident memory, loss and gradient norm of three CROWN-IBP steps
         (certify.margin_bounds, eps 0.005, beta 0.5) on the first test images of a zoo model
-        (--bound ibp, --eps, --dtype float64, --steps: other steps);
+        (--bound ibp, --eps, --dtype float64, --steps: other steps; --threads: torch threads);
     python -P tests/training_probe.py from-scratch --init ibp
         a fresh 4-block centred-LayerNorm ViT (mnist-vit4-nv's architecture) trained by IBP from
         the first step (no natural warm-up), eps 0.02 over a 40-epoch ramp (fewer: all epochs), Adam 1e-3, with
@@ -171,6 +171,7 @@ def main():
     s.add_argument("--eps", type=float, default=0.005)
     s.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     s.add_argument("--steps", type=int, default=3)
+    s.add_argument("--threads", type=int, default=1)
     f = sub.add_parser("from-scratch")
     f.add_argument("--init", choices=("default", "ibp"), default="ibp")
     f.add_argument("--epochs", type=int, default=60)
@@ -181,7 +182,7 @@ def main():
     n.add_argument("--epochs", type=int, default=60)
     n.add_argument("--shift", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(getattr(args, "threads", 1))
     {"step": step, "from-scratch": from_scratch, "growth": growth, "natural": natural}[args.what](args)
 
 

@@ -35,6 +35,9 @@ def configure(parser) -> None:
                                                  f"{', '.join(train.CERTIFIED)}")
     parser.add_argument("--all", action="store_true", help="every recipe")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: the zoo's checkpoints were trained on one; another count "
+                             "sums in another order, so the weights differ in their last bits)")
     parser.add_argument("--out", default=None,
                         help="checkpoint folder (default: certify/zoo, the committed zoo; with --certified: the "
                              "current folder, except for a certifiably trained zoo name)")
@@ -79,7 +82,14 @@ def configure(parser) -> None:
                          f"the whole box)")
 
 
+def _set_threads(args) -> None:
+    if not isinstance(args.threads, int) or args.threads < 1:
+        raise ValueError(f"--threads: expected an int >= 1, got {args.threads!r}")
+    torch.set_num_threads(args.threads)
+
+
 def run(args) -> int:
+    _set_threads(args)
     if args.certified:
         return _run_certified(args)
     for flag in ("--model", "--data", "--n", "--dtype", "--branch-init", *_CT_FLAGS):
@@ -91,7 +101,6 @@ def run(args) -> int:
     for name in names:
         if name not in train.RECIPES:
             raise ValueError(f"names: unknown zoo model {name!r}; recipes: {', '.join(train.RECIPES)}")
-    torch.set_num_threads(1)
     out = Path(args.out) if args.out is not None else train.ZOO_DIR
     for name in names:
         path = train.save(name, train.train(name, seed=args.seed, log=print), out)
@@ -230,7 +239,6 @@ def _run_certified(args) -> int:
     dtype = _build(args, spec).get("dtype")
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
-    torch.set_num_threads(1)
     steps = options.epochs * -(-len(x) // options.batch_size)
     bar = common.progress(total=steps, desc=f"{name} (certified, {options.bound})")
 
@@ -244,7 +252,7 @@ def _run_certified(args) -> int:
     finally:
         bar.close()
     out.mkdir(parents=True, exist_ok=True)
-    training = dict(dataclasses.asdict(options), n=len(x), source=spec,
+    training = dict(dataclasses.asdict(options), n=len(x), source=spec, threads=torch.get_num_threads(),
                     dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ckpt = out / f"{name}.pt"
