@@ -134,27 +134,11 @@ def growth(args):
 
 
 def natural(args):
-    from softcert.certify.train import RECIPES
-    from softcert.certify.training import translated
+    from softcert.certify.train import RECIPES, train
 
-    dataset, cfg, _ = RECIPES[args.recipe]
-    torch.manual_seed(0)
-    xtr, ytr, xte, yte = getattr(data, dataset)()
-    model = ViT(**cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
     start = time.perf_counter()
-    for _ in range(args.epochs):
-        model.train()
-        perm = torch.randperm(len(xtr))
-        for i in range(0, len(xtr), 128):
-            xb, yb = translated(xtr[perm[i:i + 128]], args.shift), ytr[perm[i:i + 128]]
-            loss = F.cross_entropy(model(xb), yb)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        sched.step()
-    model.eval()
+    model = train(args.recipe, epochs=args.epochs, shift=args.shift)
+    xte, yte = getattr(data, RECIPES[args.recipe][0])()[2:]
     with torch.no_grad():
         hit = model(xte).argmax(1) == yte
     print(f"{args.recipe}, {args.epochs} epochs, shift {args.shift}: test accuracy {hit[:200].double().mean():.3f} "
