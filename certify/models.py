@@ -182,7 +182,7 @@ class ViT(nn.Module):
 
 def grown(model: ViT, depth: int) -> ViT:
     """``model`` with ``depth`` blocks (progressive stacking, Gong et al. 2019): block j >= L (L
-    the model's depth, depth <= 2L) is a copy of block j - L whose attention output projection
+    the model's depth, any depth >= L) is a copy of block j mod L whose attention output projection
     and second MLP layer (weights and biases) are zero, so the grown model computes the same
     function, in the model's dtype, and every new block starts as the identity on trained
     (not fresh) branches: their interval bounds are the model's own at the first step, and an
@@ -190,13 +190,13 @@ def grown(model: ViT, depth: int) -> ViT:
     if not isinstance(model, ViT):
         raise ValueError(f"model: expected a certify.models.ViT, got {type(model).__name__}")
     old = model.config["depth"]
-    if not (isinstance(depth, int) and old <= depth <= 2 * old):
-        raise ValueError(f"depth: expected an int from {old} to {2 * old} (the model has {old} blocks), got {depth!r}")
+    if not (isinstance(depth, int) and depth >= old):
+        raise ValueError(f"depth: expected an int >= {old} (the model has {old} blocks), got {depth!r}")
     out = ViT(**dict(model.config, image=tuple(model.config["image"]), depth=depth)).to(next(model.parameters()).dtype)
     out.load_state_dict(model.state_dict(), strict=False)  # every key but the new blocks'
     with torch.no_grad():
-        for blk, source in zip(out.blocks[old:], model.blocks):
-            blk.load_state_dict(source.state_dict())
+        for j, blk in enumerate(out.blocks[old:], start=old):
+            blk.load_state_dict(model.blocks[j % old].state_dict())
             for layer in blk.branch_outputs():
                 layer.weight.zero_()
                 layer.bias.zero_()

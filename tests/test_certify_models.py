@@ -190,7 +190,7 @@ def test_zero_branch_init_keeps_interval_bounds_of_a_fresh_layernorm_vit_informa
 def test_grown_computes_the_same_function_with_the_same_interval_bounds():
     """grown(model, depth) adds copies of the first blocks with zero output layers: the same
     logits and the same IBP margins as the model; the copies' other weights are the source
-    blocks'; a depth outside [L, 2L] is a ValueError naming depth."""
+    blocks'; a depth below L is a ValueError naming depth."""
     from softcert import certify
     from softcert.certify.models import grown
 
@@ -205,6 +205,22 @@ def test_grown_computes_the_same_function_with_the_same_interval_bounds():
     with torch.no_grad():
         assert torch.equal(big(x), small(x))
         assert torch.equal(certify.margin_bounds(big, x, y, 0.01, "ibp"), certify.margin_bounds(small, x, y, 0.01, "ibp"))
-    for bad in (1, 5):
+    for bad in (1, 0, 2.5):
         with pytest.raises(ValueError, match="depth"):
             grown(small, bad)
+
+
+def test_grown_past_twice_the_depth_is_growing_twice():
+    """Block j of grown(model, depth) copies block j mod L for any depth >= L: growing 2 -> 8 at
+    once gives the state of 2 -> 4 -> 8 (docs/certify/training.md, the 8-block chain inside the hour),
+    and the same logits as the model."""
+    from softcert.certify.models import grown
+
+    torch.manual_seed(0)
+    small = ViT(image=(1, 4, 4), patch=2, dim=8, heads=2, mlp=8, classes=3, depth=2, layer_norm=True).double().eval()
+    once, twice = grown(small, 8).state_dict(), grown(grown(small, 4), 8).state_dict()
+    assert once.keys() == twice.keys() and all(torch.equal(once[k], twice[k]) for k in once)
+    assert torch.equal(once["blocks.7.attn.q.weight"], small.blocks[1].attn.q.weight)
+    x = torch.rand(4, 1, 4, 4, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(grown(small, 7).eval()(x), small(x))
