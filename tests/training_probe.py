@@ -20,10 +20,10 @@
         with --nodes, also every node of the first block of the fresh LayerNorm model (PyTorch's
         init) at eps 1e-10, float64: where the widths grow;
     python -P tests/training_probe.py natural --recipe mnist-vit4-ln --epochs 60 --shift 2
-        a fresh model of a natural zoo recipe's architecture trained as certify/train.py's
-        recipes are (AdamW 3e-3, cosine schedule, batch 128, seed 0), each batch translated by up
-        to --shift pixels (certify.training.translated); test accuracy on the first 200 mnist5k
-        test images and on the whole split.
+        a zoo recipe trained by certify.train.train (AdamW 3e-3, cosine schedule, batch 128,
+        seed 0, the recipe's PGD where it has one) for --epochs, each batch translated by up to
+        --shift pixels (certify.training.translated); test accuracy on the first 200 test images
+        of the recipe's dataset and on the whole split.
 """
 import argparse
 import math
