@@ -129,12 +129,23 @@ CERTIFIED = {
     # the split), IBP 150, the ibp -> crown cascade 168 = PGD's (docs/certify/training.md)
     "mnist-vit4-ln-ct-shift": ("mnist-vit4-ln", dict(_at_eps(60, 52), shift=1),
                                dict(start_from="mnist-vit4-ln-ct-grown", dtype="float32")),
+    # four blocks grown from the 2-block mnist-vit2-ln-ct300 (the kappa-0.7 model), then 60 epochs
+    # at eps 0.02 with kappa 0.7 as it was trained: one 4-block stage instead of
+    # mnist-vit4-ln-ct-shift's two (docs/certify/training.md, "Training time on both cores")
+    "mnist-vit4-ln-ct-grown300": ("mnist-vit4-ln", dict(_at_eps(60, 52), kappa_start=0.7, kappa_end=0.7),
+                                  dict(start_from="mnist-vit2-ln-ct300", dtype="float32")),
     # eight blocks with LayerNorm, grown from mnist-vit4-ln-ct250 (certify.models.grown: its blocks
     # copied with zero output layers, so training starts at its function and bounds) and trained
     # at eps 0.02 directly, in float32: from scratch the geometric ramp collapsed to a constant
     # predictor on its last decades at 8 blocks (docs/certify/training.md)
     "mnist-vit8-ln-ct250": ("mnist-vit8-ln", _at_eps(50, 44),
                             dict(start_from="mnist-vit4-ln-ct250", dtype="float32")),
+    # eight blocks grown at once from the 2-block mnist-vit2-ln-ct240 (block j a zero-output copy
+    # of block j mod 2), then mnist-vit8-ln-ct250's 50 epochs: with --threads 2 the whole chain
+    # (ct -> ct240 -> this) fits the issue's hour, where mnist-vit8-ln-ct250's took 170.7 min of
+    # one thread (docs/certify/training.md, "An 8-block chain inside the hour")
+    "mnist-vit8-ln-ct-grown": ("mnist-vit8-ln", _at_eps(50, 44),
+                               dict(start_from="mnist-vit2-ln-ct240", dtype="float32")),
     # the first 8-block model: grown from mnist-vit4-ln-ct as mnist-vit8-ln-ct250 is from
     # mnist-vit4-ln-ct250, and trained 24 epochs in float64
     "mnist-vit8-ln-ct": ("mnist-vit8-ln", _at_eps(24, 20),

@@ -112,6 +112,15 @@ def test_spelled_out_and_command_line():
     assert common.command_line(argparse.Namespace(), "fp", [("--ns", 5)]) == "softcert fp --ns 5"
 
 
+def test_share_prints_the_count_so_no_threshold_is_rounded_over():
+    from softcert.cli import common
+
+    # 179 of 200 with two decimals read "0.90", above a 0.90 target it misses
+    assert common.share(179 / 200, 200) == "179/200 (0.895)"
+    assert common.share(0.0, 24) == "0/24 (0.000)"
+    assert common.share(21 / 24, 24) == "21/24 (0.875)"
+
+
 def test_writers_and_figure(tmp_path):
     import numpy as np
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 __all__ = [
     "Stopwatch", "best_seconds", "command_line", "median_seconds", "progress", "pyplot",
-    "save_figure", "spelled_out", "write_json", "write_markdown",
+    "save_figure", "share", "spelled_out", "write_json", "write_markdown",
 ]
 
 
@@ -50,6 +50,13 @@ def command_line(args, name: str, fallback: Iterable[tuple[str, object]] = ()) -
 
 
 # ----------------------------------------------------------------------------- writers
+def share(fraction: float, n: int) -> str:
+    """A fraction of ``n`` images as ``k/n (0.xxx)``: the count, so that a table never rounds
+    a result across a threshold (179 of 200 printed "0.90" with two decimals, not 0.895)."""
+    k = round(fraction * n)
+    return f"{k}/{n} ({fraction:.3f})"
+
+
 def write_json(path: Path | str, obj) -> Path:
     """``obj`` as indented JSON (numpy scalars and other number-likes through float)."""
     path = Path(path)

@@ -127,14 +127,15 @@ def _write(out, rows, command, data=None):
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model} (clean accuracy on the whole test split {rs[0]['clean_acc_full_test']:.3f}; "
-                  f"n = {rs[0]['n']}, clean {rs[0]['clean_acc']:.2f})", "",
+                  f"clean {common.share(rs[0]['clean_acc'], rs[0]['n'])})", "",
                   "| eps | method | PGD-robust acc | certified acc | mean lower margin | s / sample | peak MB |",
                   "|---|---|---|---|---|---|---|"]
         for r in rs:
             note = f" ({r['note']})" if r.get("note") else ""
             if r.get("cascade"):
                 note += f" (cascade: bounded {r['bounded']})"
-            lines.append(f"| {r['eps']} | {r['method']}{note} | {r['pgd_acc']:.2f} | {r['certified_acc']:.2f} | "
+            lines.append(f"| {r['eps']} | {r['method']}{note} | {common.share(r['pgd_acc'], r['n'])} | "
+                         f"{common.share(r['certified_acc'], r['n'])} | "
                          f"{_g(r['mean_lower_margin'])} | {r['seconds_per_sample']:.3g} | "
                          f"{_g(r.get('peak_mb'))} |")
         lines.append("")

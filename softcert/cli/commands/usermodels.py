@@ -135,13 +135,13 @@ def _write(out, rows, command, args):
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         lines += [f"## {model} (clean accuracy on the test split {rs[0]['clean_acc_full_test']:.3f}; "
-                  f"n = {rs[0]['n']}, clean {rs[0]['clean_acc']:.2f})", "",
+                  f"clean {common.share(rs[0]['clean_acc'], rs[0]['n'])})", "",
                   "| eps | method | PGD-robust acc | certified acc | mean lower margin | s / sample |",
                   "|---|---|---|---|---|---|"]
         for r in rs:
             note = f" ({r['note']})" if r.get("note") else ""
-            cert = "failed" if r["certified_acc"] is None else f"{r['certified_acc']:.2f}"
-            lines.append(f"| {r['eps']} | {r['method']}{note} | {r['pgd_acc']:.2f} | {cert} "
+            cert = "failed" if r["certified_acc"] is None else common.share(r["certified_acc"], r["n"])
+            lines.append(f"| {r['eps']} | {r['method']}{note} | {common.share(r['pgd_acc'], r['n'])} | {cert} "
                          f"| {_g(r['mean_lower_margin'], '.4g')} | {_g(r['seconds_per_sample'])} |")
         lines.append("")
     common.write_markdown(out / "user-models.md", lines)
