@@ -23,7 +23,11 @@
         a zoo recipe trained by certify.train.train (AdamW 3e-3, cosine schedule, batch 128,
         seed 0, the recipe's PGD where it has one) for --epochs, each batch translated by up to
         --shift pixels (certify.training.translated); test accuracy on the first 200 test images
-        of the recipe's dataset and on the whole split.
+        of the recipe's dataset and on the whole split;
+    python -P tests/training_probe.py misses mnist-vit4-ln RUN/NAME.pt ...
+        the indices of the first --n mnist5k test images each model (a zoo name or a checkpoint
+        {'config', 'state_dict'} of certify.ViT) misclassifies, and how many of them the first
+        model misses too.
 """
 import argparse
 import math
@@ -145,6 +149,28 @@ def natural(args):
           f"on the first 200, {hit.double().mean():.3f} on the split ({time.perf_counter() - start:.0f} s)")
 
 
+def _model(name):
+    if not name.endswith(".pt"):
+        return zoo.load(name)[0]
+    checkpoint = torch.load(name, weights_only=True)
+    model = ViT(**dict(checkpoint["config"], image=tuple(checkpoint["config"]["image"])))
+    model.load_state_dict(checkpoint["state_dict"])
+    return model
+
+
+def misses(args):
+    x, y = data.mnist5k()[2:]
+    x, y = x[:args.n], y[:args.n]
+    first = None
+    for name in args.models:
+        model = _model(name).eval()
+        with torch.no_grad():
+            wrong = set((model(x.to(next(model.parameters()).dtype)).argmax(1) != y).nonzero().flatten().tolist())
+        first = wrong if first is None else first
+        print(f"{name}: {args.n - len(wrong)} of {args.n} right; {len(wrong & first)} of its {len(wrong)} misses "
+              f"also missed by {args.models[0]}: {sorted(wrong)}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -165,9 +191,13 @@ def main():
     n.add_argument("--recipe", default="mnist-vit4-ln")
     n.add_argument("--epochs", type=int, default=60)
     n.add_argument("--shift", type=int, default=2)
+    m = sub.add_parser("misses")
+    m.add_argument("models", nargs="+")
+    m.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
     torch.set_num_threads(getattr(args, "threads", 1))
-    {"step": step, "from-scratch": from_scratch, "growth": growth, "natural": natural}[args.what](args)
+    {"step": step, "from-scratch": from_scratch, "growth": growth, "natural": natural,
+     "misses": misses}[args.what](args)
 
 
 if __name__ == "__main__":
