@@ -26,13 +26,14 @@
         of the recipe's dataset and on the whole split;
     python -P tests/training_probe.py misses mnist-vit4-ln RUN/NAME.pt ...
         the indices of the first --n mnist5k test images each model (a zoo name or a checkpoint
-        {'config', 'state_dict'} of certify.ViT) misclassifies, and how many of them the first
+        file, as --model of the commands reads it) misclassifies, and how many of them the first
         model misses too.
 """
 import argparse
 import math
 import resource
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -149,21 +150,15 @@ def natural(args):
           f"on the first 200, {hit.double().mean():.3f} on the split ({time.perf_counter() - start:.0f} s)")
 
 
-def _model(name):
-    if not name.endswith(".pt"):
-        return zoo.load(name)[0]
-    checkpoint = torch.load(name, weights_only=True)
-    model = ViT(**dict(checkpoint["config"], image=tuple(checkpoint["config"]["image"])))
-    model.load_state_dict(checkpoint["state_dict"])
-    return model
-
-
 def misses(args):
+    from softcert.cli import model_formats
+
     x, y = data.mnist5k()[2:]
     x, y = x[:args.n], y[:args.n]
     first = None
     for name in args.models:
-        model = _model(name).eval()
+        # a zoo name, or any checkpoint --model of the commands takes (model_formats.checkpoint)
+        model = (zoo.load(name)[0] if name in zoo.names() else model_formats.checkpoint(Path(name))).eval()
         with torch.no_grad():
             wrong = set((model(x.to(next(model.parameters()).dtype)).argmax(1) != y).nonzero().flatten().tolist())
         first = wrong if first is None else first
