@@ -46,7 +46,8 @@ PER_MODEL = {"mnist-vit2": ("ibp", "crown"), "mnist-vit4": ("ibp",), "mnist-vit8
              "mnist-vit2-ln-ct240": ("ibp",), "mnist-vit2-ln-ct300": ("ibp",), "mnist-vit4-ln-ct-grown": ("ibp",),
              "mnist-vit8-ln-ct": ("ibp",), "mnist-vit4-ln-ct-shift": ("ibp",),
              "mnist-vit4-ln-ct-grown300": ("ibp",), "mnist-vit8-ln-ct-grown": ("ibp",),
-             "mnist-vit4-ln-ct-shift-tuned": ("ibp",)}
+             "mnist-vit4-ln-ct-shift-tuned": ("ibp",), "mnist-vit4-ln-ct-shift75": ("ibp",),
+             "mnist-vit4-ln-ct-shift75-tuned": ("ibp",)}
 BAB = dict(model="mnist-vit1", images=(4, 11), eps=0.005, max_leaves=16, batch=8)
 RTOL = 1e-9
 
