@@ -138,7 +138,7 @@ CERTIFIED = {
                                      dict(start_from="mnist-vit4-ln-ct-shift", dtype="float32")),
     # four blocks grown from the 2-block mnist-vit2-ln-ct240 and trained 75 epochs on images
     # translated by up to a pixel: mnist-vit4-ln-ct-grown's and mnist-vit4-ln-ct-shift's two
-    # 4-block stages as one (135 epochs -> 75): clean 177 of the first 200 test images, IBP 149
+    # 4-block stages as one (120 epochs -> 75): clean 177 of the first 200 test images, IBP 149
     # (docs/certify/training.md, "A 4-block chain with both targets")
     "mnist-vit4-ln-ct-shift75": ("mnist-vit4-ln", dict(_at_eps(75, 66), shift=1),
                                  dict(start_from="mnist-vit2-ln-ct240", dtype="float32")),
