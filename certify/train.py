@@ -63,6 +63,12 @@ def _at_eps(epochs, milestone):
                 lr_milestones=(milestone,), grad_clip=10.0, bound="ibp")
 
 
+def _tuned(epochs, milestone):
+    """``_at_eps`` for a fine-tune towards clean accuracy: the natural loss weighted 0.8 and Adam
+    3e-4 (docs/certify/training.md, "Trading certificates for clean accuracy")."""
+    return dict(_at_eps(epochs, milestone), kappa_start=0.8, kappa_end=0.8, lr=3e-4)
+
+
 def _from_scratch(epochs, milestone):
     """``_at_eps`` from a fresh model: eps from 2e-12 to 0.02 geometrically over the first 40
     epochs (docs/certify/training.md, mnist-vit4-ct and mnist-vit4-ln-ct)."""
@@ -134,7 +140,7 @@ CERTIFIED = {
     # split), PGD 172, IBP 150 at eps 0.02; the same fine-tune of the models not trained on
     # translated images stayed at 176-179 (docs/certify/training.md, "Trading certificates for
     # clean accuracy")
-    "mnist-vit4-ln-ct-shift-tuned": ("mnist-vit4-ln", dict(_at_eps(25, 20), kappa_start=0.8, kappa_end=0.8, lr=3e-4),
+    "mnist-vit4-ln-ct-shift-tuned": ("mnist-vit4-ln", _tuned(25, 20),
                                      dict(start_from="mnist-vit4-ln-ct-shift", dtype="float32")),
     # four blocks grown from the 2-block mnist-vit2-ln-ct240 and trained 75 epochs on images
     # translated by up to a pixel: mnist-vit4-ln-ct-grown's and mnist-vit4-ln-ct-shift's two
@@ -146,8 +152,7 @@ CERTIFIED = {
     # 200 (0.915; 0.883 on the split), PGD 171, IBP 149, the ibp -> crown cascade 169 (0.845) at
     # eps 0.02; both 4-block accuracy targets from the chain ct -> ct240 -> shift75 -> this
     # (docs/certify/training.md, "A 4-block chain with both targets", for its time)
-    "mnist-vit4-ln-ct-shift75-tuned": ("mnist-vit4-ln", dict(_at_eps(25, 20), kappa_start=0.8, kappa_end=0.8,
-                                                            lr=3e-4),
+    "mnist-vit4-ln-ct-shift75-tuned": ("mnist-vit4-ln", _tuned(25, 20),
                                        dict(start_from="mnist-vit4-ln-ct-shift75", dtype="float32")),
     # four blocks grown from the 2-block mnist-vit2-ln-ct300 (the kappa-0.7 model), then 60 epochs
     # at eps 0.02 with kappa 0.7 as it was trained: one 4-block stage instead of

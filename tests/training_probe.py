@@ -26,14 +26,13 @@
         of the recipe's dataset and on the whole split;
     python -P tests/training_probe.py misses mnist-vit4-ln RUN/NAME.pt ...
         the indices of the first --n mnist5k test images each model (a zoo name or a checkpoint
-        file, as --model of the commands reads it) misclassifies, and how many of them the first
+        file or entry point, as --model of the commands reads it) misclassifies, and how many of them the first
         model misses too.
 """
 import argparse
 import math
 import resource
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -157,8 +156,8 @@ def misses(args):
     x, y = x[:args.n], y[:args.n]
     first = None
     for name in args.models:
-        # a zoo name, or any checkpoint --model of the commands takes (model_formats.checkpoint)
-        model = (zoo.load(name)[0] if name in zoo.names() else model_formats.checkpoint(Path(name))).eval()
+        spec = model_formats.parse(name)  # read as --model of the commands reads it
+        model = (zoo.load(name)[0] if spec.kind == "zoo" else model_formats.build(spec)).eval()
         with torch.no_grad():
             wrong = set((model(x.to(next(model.parameters()).dtype)).argmax(1) != y).nonzero().flatten().tolist())
         first = wrong if first is None else first
