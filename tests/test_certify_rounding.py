@@ -6,8 +6,8 @@ from fractions import Fraction
 
 import torch
 
-from softcert.certify.ops import bilinear, elementwise
-from softcert.certify.ops.core import down, up
+from softcert.certify.ops import bilinear, elementwise, host
+from softcert.certify.ops.core import all_finite, down, up
 
 EDGES = [0.0, -0.0, 1.0, -1.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
          -1.7976931348623157e308, math.inf, -math.inf, 0.1, 3.0e-300]
@@ -34,6 +34,27 @@ def test_down_and_up_are_one_float_outward():
         if all(map(math.isfinite, (a, x, b))):
             assert Fraction(a) < Fraction(x) < Fraction(b)
     assert down(torch.tensor([math.nan], dtype=torch.float64)).isnan().all()
+
+
+def test_finite_tensors_step_outward_as_mixed_ones_do():
+    """down/up skip the infinity mask when every entry is finite (one sum decides): the finite
+    entries of EDGES alone step to the same neighbours as inside the mixed tensor."""
+    finite = [x for x in EDGES if math.isfinite(x)]
+    t = torch.tensor(finite, dtype=torch.float64)
+    assert all_finite(t)
+    mixed = torch.tensor(EDGES, dtype=torch.float64)
+    keep = torch.isfinite(mixed)
+    assert torch.equal(down(t), down(mixed)[keep]) and torch.equal(up(t), up(mixed)[keep])
+
+
+def test_all_finite_is_never_wrongly_true():
+    big = torch.full((4,), torch.finfo(torch.float32).max)  # finite entries whose sum overflows
+    assert all_finite(torch.tensor([1.0, -2.0])) and all_finite(torch.zeros(0))
+    for t in (torch.tensor([1.0, math.inf]), torch.tensor([-math.inf, math.inf]),
+              torch.tensor([0.0, math.nan]), big):
+        assert not all_finite(t), t
+    with host.reads("defer"):  # where a read would stall a GPU it is not made
+        assert not all_finite(torch.tensor([1.0]))
 
 
 def test_outward_rounding_has_the_identity_derivative_without_nextafter_backward():

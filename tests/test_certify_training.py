@@ -15,6 +15,7 @@ from softcert import certify
 from softcert.certify import data
 from softcert.certify.attack import pgd
 from softcert.certify.models import ViT
+from softcert.certify.ops import host
 from softcert.certify.options import AttackOptions
 from softcert.certify.training import CertifiedTraining, margin_bounds, robust_loss, train_certified
 from softcert.cli import model_formats
@@ -106,6 +107,31 @@ def test_rows_whose_crown_ibp_bound_overflows_fall_back_to_ibp_with_finite_gradi
     assert (ibp == m.detach()).all(1).tolist() == falls_back and torch.isfinite(m).all()
     F.cross_entropy(-m, Y).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("scale,eps", [(1.0, EPS), (2.0, 0.3)], ids=["finite", "overflowing"])
+def test_the_steps_skipped_on_the_cpu_change_neither_margins_nor_gradients(scale, eps):
+    """On the CPU the bounds skip the steps that are the identity (NaN filtering of finite
+    bounds, clamps of values inside the range, max(l, u) of l < u, zeroing finite gradients);
+    under host.reads("defer") every step is taken, as on a GPU: the same margins and gradients
+    (to an ulp: other operators also change how they evaluate under "defer"), also where
+    bounds overflow and the steps do act."""
+    runs = []
+    for policy in ("auto", "defer"):
+        model = _vit()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(scale)
+        x = torch.cat([torch.zeros(2, 1, 4, 4, dtype=torch.float64), X[:2]])
+        with host.reads(policy):
+            m = margin_bounds(model, x, Y, eps, "crown-ibp", beta=0.5)
+            F.cross_entropy(-m, Y).backward()
+        runs.append((m.detach(), [p.grad.clone() for p in model.parameters()]))
+    (m1, g1), (m2, g2) = runs
+    torch.testing.assert_close(m1, m2, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g1, g2, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("build", [_vit, _mha], ids=["vit", "mha-layernorm-gelu"])

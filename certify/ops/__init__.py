@@ -19,6 +19,7 @@ from softcert.certify.ops.core import (
     SplitRule,
     add_down,
     adjoint,
+    all_finite,
     arithmetic,
     charge,
     down,
@@ -40,7 +41,7 @@ from softcert.certify.ops.core import (
     weighted_sum,
 )
 
-__all__ = ["KINDS", "MIDPOINT", "MODES", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "Params", "SplitRule", "add_down",
+__all__ = ["KINDS", "MIDPOINT", "MODES", "OPERATORS", "Affine", "Bilinear", "Elementwise", "Input", "Operator", "Params", "SplitRule", "add_down", "all_finite",
            "adjoint", "arithmetic", "charge", "conv2d_params", "conv2d_shape", "down", "first_order_gain", "floor_charge", "forward",
            "gamma_charge", "get", "is_sound", "magnitude", "midpoint_split", "names", "register", "scale_charge", "sub_down", "sum_rest", "tensor_of", "up",
            "weighted_sum"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from softcert.certify.ops.core import Bilinear, down, per_spec, register, sum_rest, up
+from softcert.certify.ops.core import Bilinear, all_finite, down, per_spec, register, sum_rest, up
 from softcert.kernels.floating import SUBNORMAL_ULP, U64, gamma
 
 U = U64
@@ -176,7 +176,8 @@ def interval_mul(xb, yb):
     """The four corner products (each correctly rounded), one ulp outward."""
     (xl, xu), (yl, yu) = xb, yb
     c = torch.stack([xl * yl, xl * yu, xu * yl, xu * yu])
-    c = torch.nan_to_num(c, nan=0.0, posinf=torch.inf, neginf=-torch.inf)  # 0·inf: the 0 factor wins
+    if not all_finite(c):  # skipped where it is the identity (values and gradients alike)
+        c = torch.nan_to_num(c, nan=0.0, posinf=torch.inf, neginf=-torch.inf)  # 0·inf: the 0 factor wins
     lo, hi = c.min(0).values, c.max(0).values
     return down(lo), up(hi)
 
